@@ -1,0 +1,120 @@
+"""Kernel categories from a data table of regexes over the *base* kernel name.
+
+The table is ``diagnose/data/kernel_categories.yaml`` (each row cites where its names come
+from). Categories: gemm, attention, norm, elementwise (activation / elementwise), communication,
+memcpy, memset, moe, sampling, other.
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from importlib import resources
+
+import numpy as np
+import pandas as pd
+import yaml
+
+CATEGORIES = (
+    "gemm",
+    "attention",
+    "norm",
+    "elementwise",
+    "communication",
+    "moe",
+    "sampling",
+    "memcpy",
+    "memset",
+    "other",
+)
+
+# Generic launch wrappers whose first template argument names the real operator.
+_WRAPPERS = re.compile(r"^(cutlass::)?(Kernel\d*|device_kernel)$")
+
+
+@lru_cache(maxsize=1)
+def _table() -> tuple[tuple[str, re.Pattern], ...]:
+    text = resources.files("diagnose.data").joinpath("kernel_categories.yaml").read_text()
+    rows = yaml.safe_load(text)["categories"]
+    return tuple((r["category"], re.compile(r["pattern"], re.I)) for r in rows)
+
+
+def _strip_brackets(s: str, open_ch: str, close_ch: str) -> str:
+    out = []
+    depth = 0
+    for ch in s:
+        if ch == open_ch:
+            depth += 1
+        elif ch == close_ch and depth:
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
+
+
+def _first_template_arg(s: str) -> str:
+    i = s.find("<")
+    if i < 0:
+        return ""
+    depth = 0
+    start = i + 1
+    for j in range(i, len(s)):
+        ch = s[j]
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+            if depth == 0:
+                return s[start:j]
+        elif ch == "," and depth == 1:
+            return s[start:j]
+    return s[start:]
+
+
+@lru_cache(maxsize=65536)
+def base_name(name: str) -> str:
+    """Strip a demangled kernel name to its base name.
+
+    ``void flashinfer::BatchDecodeWithPagedKVCacheKernel<...>(Params)`` ->
+    ``flashinfer::BatchDecodeWithPagedKVCacheKernel``; ``cutlass::Kernel2<cutlass_80_wmma_...>(...)``
+    -> ``cutlass_80_wmma_...`` (the wrapped operator).
+    """
+    s = name.strip()
+    if s.startswith("void "):
+        s = s[5:]
+    s = s.replace("(anonymous namespace)", "anon")
+    no_params = _strip_brackets(s, "(", ")")
+    base = _strip_brackets(no_params, "<", ">").strip()
+    # A return type may remain before the name ("float foo"): keep the last token.
+    if " " in base:
+        base = base.split()[-1]
+    if _WRAPPERS.match(base):
+        inner = _first_template_arg(no_params).strip()
+        if inner:
+            inner = _strip_brackets(inner, "<", ">").strip()
+            base = inner.split()[-1] if inner.split() else base
+    return base or name
+
+
+@lru_cache(maxsize=65536)
+def classify_kernel(name: str) -> str:
+    """Category of a kernel from its (full or base) name; "other" when no row matches."""
+    b = base_name(name)
+    for cat, rx in _table():
+        if rx.search(b):
+            return cat
+    return "other"
+
+
+def categorize(gpu: pd.DataFrame) -> np.ndarray:
+    """Category per row of a ``gpu`` frame (memcpy/memset by activity kind, kernels by name).
+
+    Returns:
+        numpy object array of category strings, aligned with ``gpu``.
+    """
+    kinds = gpu["kind"].to_numpy()
+    names = gpu["name"].to_numpy()
+    out = np.empty(len(gpu), dtype=object)
+    for i in range(len(gpu)):
+        k = kinds[i]
+        out[i] = k if k != "kernel" else classify_kernel(names[i])
+    return out

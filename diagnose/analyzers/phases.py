@@ -1,0 +1,304 @@
+"""Prefill / decode / mixed phase split, per engine step.
+
+Steps come from explicit annotations matched by the grammars in
+``diagnose/data/step_markers.yaml`` (this project's collector, SGLang ``step[...]``, vLLM v1
+``execute_...``) plus user regexes (``--phase prefill=REGEX``). Nested step markers (SGLang
+wraps ``step[EXTEND ...]`` inside a vLLM-style ``execute_...`` range) collapse into the
+outermost one. Without markers, the phase is read from operator shapes (see
+:func:`shape_votes`); shapes that cannot tell, or that disagree, leave the phase ``unknown``:
+we never guess.
+
+A GPU activity belongs to the step whose CPU range contains the start of its host launch
+call (correlation id); activities without a launch call stay outside every step.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from diagnose.errors import DiagnoseError
+from diagnose.trace.kineto import parse_input_dims
+from diagnose.trace.model import NO_TIME, Trace
+
+PHASES = ("prefill", "decode", "mixed")
+
+
+@dataclass(frozen=True)
+class Grammar:
+    name: str
+    pattern: re.Pattern
+    phase_map: dict | None = None
+    fixed_phase: str | None = None
+
+
+@lru_cache(maxsize=1)
+def builtin_grammars() -> tuple[Grammar, ...]:
+    text = resources.files("diagnose.data").joinpath("step_markers.yaml").read_text()
+    rows = yaml.safe_load(text)["grammars"]
+    return tuple(Grammar(r["name"], re.compile(r["pattern"]), r.get("phase_map")) for r in rows)
+
+
+def user_grammars(specs: tuple[str, ...] | list[str]) -> list[Grammar]:
+    """Parse ``--phase PHASE=REGEX`` options.
+
+    Raises:
+        DiagnoseError: malformed option, unknown phase, or invalid regex.
+    """
+    out = []
+    for spec in specs or ():
+        if "=" not in spec:
+            raise DiagnoseError(f"--phase expects PHASE=REGEX (PHASE one of {', '.join(PHASES)}), got {spec!r}")
+        phase, rx = spec.split("=", 1)
+        phase = phase.strip().lower()
+        if phase not in PHASES:
+            raise DiagnoseError(f"--phase: unknown phase {phase!r}; use one of {', '.join(PHASES)}")
+        try:
+            pat = re.compile(rx)
+        except re.error as e:
+            raise DiagnoseError(f"--phase {phase}: invalid regex {rx!r} ({e})") from None
+        out.append(Grammar(f"user:{phase}", pat, fixed_phase=phase))
+    return out
+
+
+def _int(gd: dict, key: str) -> int | None:
+    v = gd.get(key)
+    return int(v) if v is not None else None
+
+
+def match_marker(name: str, grammars) -> dict | None:
+    """Return {phase, grammar, batch, tokens, context} for a step-marker name, else None."""
+    for g in grammars:
+        m = g.pattern.search(name)
+        if not m:
+            continue
+        gd = m.groupdict()
+        batch = _int(gd, "batch")
+        if g.fixed_phase:
+            phase = g.fixed_phase
+        elif gd.get("phase"):
+            phase = gd["phase"]
+        elif gd.get("mode"):
+            phase = (g.phase_map or {}).get(gd["mode"])
+            if phase is None:
+                return None  # e.g. SGLang IDLE steps
+        elif gd.get("n_prefill") is not None:
+            npf, ndc = int(gd["n_prefill"]), int(gd["n_decode"])
+            if npf > 0 and ndc > 0:
+                phase = "mixed"
+            elif npf > 0:
+                phase = "prefill"
+            elif ndc > 0:
+                phase = "decode"
+            else:
+                return None
+            batch = npf + ndc
+        else:
+            continue
+        return {
+            "phase": phase,
+            "grammar": g.name,
+            "batch": batch,
+            "tokens": _int(gd, "tokens"),
+            "context": _int(gd, "context"),
+        }
+    return None
+
+
+STEP_COLUMNS = ["name", "phase", "grammar", "start_ns", "end_ns", "batch", "tokens", "context", "scope"]
+
+
+def find_steps(trace: Trace, extra: list[Grammar] | None = None) -> pd.DataFrame:
+    """Step table from annotations: one row per (outermost) step marker, sorted by start.
+
+    Columns: name, phase, grammar, start_ns, end_ns (CPU range, or GPU range when only
+    GPU-side annotations carry the markers), batch, tokens, context (nullable ints), scope.
+    """
+    grammars = list(extra or []) + list(builtin_grammars())
+    ann = trace.annotations
+    rows = []
+    for scope in ("cpu", "gpu"):
+        sub = ann[ann["scope"] == scope]
+        cache: dict[str, dict | None] = {}
+        for name, s, e in zip(sub["name"].to_numpy(), sub["start_ns"].to_numpy(), sub["end_ns"].to_numpy()):
+            if name not in cache:
+                cache[name] = match_marker(name, grammars)
+            m = cache[name]
+            if m:
+                rows.append({"name": name, "start_ns": int(s), "end_ns": int(e), "scope": scope, **m})
+        if rows:
+            break  # CPU markers win; GPU-side copies of the same ranges are not extra steps
+    if not rows:
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    rows.sort(key=lambda r: (r["start_ns"], -r["end_ns"]))
+    kept: list[dict] = []
+    for r in rows:
+        if kept and r["start_ns"] >= kept[-1]["start_ns"] and r["end_ns"] <= kept[-1]["end_ns"]:
+            outer = kept[-1]
+            for k in ("batch", "tokens", "context"):
+                if outer.get(k) is None and r.get(k) is not None:
+                    outer[k] = r[k]
+            continue
+        kept.append(r)
+    return pd.DataFrame(kept)[STEP_COLUMNS]
+
+
+_ATTN_OPS = {
+    "aten::scaled_dot_product_attention",
+    "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_cudnn_attention",
+    "aten::_flash_attention_forward",
+    "aten::_efficient_attention_forward",
+}
+_BMM_OPS = {"aten::matmul", "aten::bmm", "aten::baddbmm"}
+DECODE_MAX_QUERY = 16  # a query this short against a longer key set reads a KV cache
+
+
+def _is_int_list(x, n_min: int) -> bool:
+    return isinstance(x, list) and len(x) >= n_min and all(isinstance(v, int) for v in x)
+
+
+def shape_votes(trace: Trace, start_ns: int, end_ns: int) -> tuple[set[str], int | None, int | None]:
+    """Phase evidence from operator shapes inside [start_ns, end_ns].
+
+    Rules (domain.md §1): ``aten::linear`` input [B, S, H]: S == 1 -> decode, S > 1 -> prefill.
+    Attention (SDPA ops: q [B, H, Sq, D] vs k [B, Hk, Sk, D]; batched matmuls
+    [..., Sq, D] x [..., D, Sk]): Sq == Sk > 1 -> prefill (self-attention over the prompt);
+    Sq < Sk with Sq <= 16 -> decode (a few new tokens against cached keys). 2-D linears
+    ([tokens, H], as vLLM-style engines flatten the batch) carry no phase evidence.
+
+    Returns:
+        (votes, batch, seq_len): the set of phases voted for, and B/S of the first 3-D linear.
+    """
+    ops = trace.cpu_ops
+    votes: set[str] = set()
+    batch = seq = None
+    if len(ops) == 0:
+        return votes, batch, seq
+    m = (ops["start_ns"] >= start_ns) & (ops["start_ns"] <= end_ns) & ops["name"].isin({"aten::linear"} | _ATTN_OPS | _BMM_OPS)
+    for name, raw in zip(ops.loc[m, "name"].to_numpy(), ops.loc[m, "input_dims"].to_numpy()):
+        dims = parse_input_dims(raw)
+        if not dims or len(dims) < 2:
+            continue
+        a, b = dims[0], dims[1]
+        if name == "aten::linear":
+            if _is_int_list(a, 3) and len(a) == 3:
+                votes.add("decode" if a[1] == 1 else "prefill")
+                if batch is None:
+                    batch, seq = a[0], a[1]
+            continue
+        if name in _ATTN_OPS:
+            if _is_int_list(a, 4) and _is_int_list(b, 4):
+                sq, sk = a[-2], b[-2]
+            else:
+                continue
+        else:
+            if name == "aten::baddbmm" and len(dims) >= 3:
+                a, b = dims[1], dims[2]
+            if not (_is_int_list(a, 3) and _is_int_list(b, 3)) or a[-1] != b[-2]:
+                continue
+            sq, sk = a[-2], b[-1]
+        if sq == sk and sq > 1:
+            votes.add("prefill")
+        elif sq < sk and sq <= DECODE_MAX_QUERY:
+            votes.add("decode")
+    return votes, batch, seq
+
+
+def steps_from_shapes(trace: Trace) -> pd.DataFrame:
+    """Fallback step table from operator shapes, one step per ProfilerStep (or the whole trace).
+
+    A window gets a phase when the evidence of :func:`shape_votes` is unanimous; windows with
+    no or conflicting evidence are left out (their activities stay ``unknown``).
+    """
+    ann = trace.annotations
+    windows = []
+    if len(ann):
+        ps = ann[(ann["scope"] == "cpu") & ann["name"].str.startswith("ProfilerStep#")]
+        windows = [(n, int(s), int(e)) for n, s, e in zip(ps["name"], ps["start_ns"], ps["end_ns"])]
+    if not windows:
+        frames = [f for f in (trace.cpu_ops, trace.runtime) if len(f)]
+        if not frames:
+            return pd.DataFrame(columns=STEP_COLUMNS)
+        lo = min(int(f["start_ns"].min()) for f in frames)
+        hi = max(int(f["end_ns"].max()) for f in frames)
+        windows = [("trace", lo, hi)]
+    rows = []
+    for name, s, e in windows:
+        votes, b, sl = shape_votes(trace, s, e)
+        if len(votes) != 1:
+            continue
+        rows.append(
+            {"name": name, "phase": votes.pop(), "grammar": "shapes", "start_ns": s, "end_ns": e,
+             "batch": b, "tokens": b * sl if b is not None and sl is not None else None, "context": None, "scope": "cpu"}
+        )
+    return pd.DataFrame(rows, columns=STEP_COLUMNS)
+
+
+def link_launches(trace: Trace) -> pd.DataFrame:
+    """Per GPU activity (aligned with ``trace.gpu``): its launch call's start/end/api_kind.
+
+    Returns:
+        DataFrame with launch_start_ns, launch_end_ns (-1 when no launch call shares the
+        activity's correlation id), launch_kind (api_kind or ""), graph_followup (bool: an
+        earlier activity on the same device came from the same graph launch).
+    """
+    gpu = trace.gpu
+    n = len(gpu)
+    out = pd.DataFrame(
+        {
+            "launch_start_ns": np.full(n, NO_TIME, dtype=np.int64),
+            "launch_end_ns": np.full(n, NO_TIME, dtype=np.int64),
+            "launch_kind": np.full(n, "", dtype=object),
+            "graph_followup": np.zeros(n, dtype=bool),
+        }
+    )
+    rt = trace.runtime
+    if n == 0 or len(rt) == 0:
+        return out
+    rt = rt[rt["correlation"] >= 0].drop_duplicates("correlation", keep="first")
+    lk = pd.DataFrame({"correlation": gpu["correlation"].to_numpy()}).merge(
+        rt[["correlation", "start_ns", "end_ns", "api_kind"]], on="correlation", how="left"
+    )
+    found = lk["start_ns"].notna().to_numpy() & (gpu["correlation"].to_numpy() >= 0)
+    out.loc[found, "launch_start_ns"] = lk.loc[found, "start_ns"].astype(np.int64).to_numpy()
+    out.loc[found, "launch_end_ns"] = lk.loc[found, "end_ns"].astype(np.int64).to_numpy()
+    out.loc[found, "launch_kind"] = lk.loc[found, "api_kind"].to_numpy()
+    # Fan-out: several activities share one launch correlation (graph replay). The first one
+    # (in time, per device) carries the launch; later ones are inside the replay.
+    corr = gpu["correlation"].to_numpy()
+    key = pd.DataFrame({"device": gpu["device"].to_numpy(), "corr": corr, "start": gpu["start_ns"].to_numpy()})
+    key = key.sort_values(["device", "corr", "start"], kind="stable")
+    dup = key.duplicated(["device", "corr"], keep="first").to_numpy() & (key["corr"].to_numpy() >= 0)
+    followup = np.zeros(n, dtype=bool)
+    followup[key.index.to_numpy()[dup]] = True
+    out["graph_followup"] = followup & found
+    return out
+
+
+def assign_steps(trace: Trace, steps: pd.DataFrame, launches: pd.DataFrame) -> np.ndarray:
+    """Step index (row of ``steps``) for each GPU activity, -1 when outside every step.
+
+    CPU-scoped steps: the step containing the activity's launch start. GPU-scoped steps
+    (markers only on the GPU timeline): the step containing the activity's start.
+    """
+    n = len(trace.gpu)
+    idx = np.full(n, -1, dtype=np.int64)
+    if n == 0 or len(steps) == 0:
+        return idx
+    st = steps["start_ns"].to_numpy(dtype=np.int64)
+    en = steps["end_ns"].to_numpy(dtype=np.int64)
+    gpu_scoped = (steps["scope"] == "gpu").all()
+    t = trace.gpu["start_ns"].to_numpy() if gpu_scoped else launches["launch_start_ns"].to_numpy()
+    valid = t != NO_TIME
+    pos = np.searchsorted(st, t, side="right") - 1
+    ok = valid & (pos >= 0)
+    ok[ok] &= t[ok] <= en[pos[ok]]
+    idx[ok] = pos[ok]
+    return idx

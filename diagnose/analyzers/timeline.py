@@ -1,0 +1,150 @@
+"""GPU timeline: busy time as a union of intervals, idle gaps, and launch gaps.
+
+Definitions (stated in the README, "Definitions"):
+
+* **window** of a set of activities on one device = first activity start -> last activity end.
+* **GPU busy** = length of the union of activity intervals (kernels, memcpy, memset; all
+  streams merged): overlapping activities count once, zero-length ones count 0.
+* **idle share** = 1 - busy / window.
+* A **gap** is an interval inside the window covered by no activity. The gap before activity
+  *k* (in start order) is a **launch gap** when *k*'s host launch call ended after the GPU had
+  finished everything before it (``launch_end_ns > previous busy end``): the GPU waited for
+  the host. A gap before a kernel replayed by the same CUDA/HIP graph launch as an earlier
+  kernel is a **graph** gap (inside one replay), never a launch gap. A gap whose next
+  activity was launched in time is **other** (dependency, sync, queueing); one whose next
+  activity has no linked launch call is **unattributed**.
+* **launch-gap share** = sum of launch gaps / window.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from diagnose.trace.model import NO_TIME
+
+GAP_KINDS = ("launch", "graph", "other", "unattributed")
+
+
+def union_busy_ns(start_ns: np.ndarray, end_ns: np.ndarray) -> int:
+    """Length of the union of [start, end) intervals in ns (int). Inputs need not be sorted."""
+    if len(start_ns) == 0:
+        return 0
+    order = np.argsort(start_ns, kind="stable")
+    s = np.asarray(start_ns)[order]
+    e = np.asarray(end_ns)[order]
+    cm = np.maximum.accumulate(e)
+    # A new merged block starts where start > running max end of everything before it.
+    prev_max = np.concatenate(([s[0]], cm[:-1]))
+    new_block = s > prev_max
+    new_block[0] = True
+    block_id = np.cumsum(new_block) - 1
+    n = block_id[-1] + 1
+    block_start = s[new_block]
+    block_end = block_start.astype(np.int64, copy=True)
+    np.maximum.at(block_end, block_id, e)
+    return int((block_end - block_start).sum())
+
+
+@dataclass
+class GapStats:
+    """Idle gaps of one device/phase. Times in ns; shares are fractions of ``window_ns``."""
+
+    window_ns: int = 0
+    busy_ns: int = 0
+    gap_ns_by_kind: dict[str, int] = field(default_factory=lambda: {k: 0 for k in GAP_KINDS})
+    gap_count_by_kind: dict[str, int] = field(default_factory=lambda: {k: 0 for k in GAP_KINDS})
+    launch_gaps_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    all_gaps_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    top: list[dict] = field(default_factory=list)
+
+    @property
+    def idle_share(self) -> float | None:
+        return None if self.window_ns <= 0 else max(0.0, 1.0 - self.busy_ns / self.window_ns)
+
+    @property
+    def launch_gap_share(self) -> float | None:
+        return None if self.window_ns <= 0 else self.gap_ns_by_kind["launch"] / self.window_ns
+
+
+def analyze_gaps(
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    launch_end_ns: np.ndarray,
+    graph_followup: np.ndarray,
+    names: np.ndarray | None = None,
+    top_n: int = 5,
+) -> GapStats:
+    """Busy time, idle gaps and their kinds for activities of one device.
+
+    Args:
+        start_ns, end_ns: int64 arrays, one row per activity (any order).
+        launch_end_ns: int64 end of each activity's host launch call; NO_TIME when unknown.
+        graph_followup: bool, True for an activity replayed by a graph launch that already
+            produced an earlier activity (same correlation id).
+        names: optional activity names for the ``top`` gap list.
+        top_n: how many of the longest gaps to describe.
+
+    Returns:
+        GapStats with window, busy and per-kind gap totals.
+    """
+    st = GapStats()
+    n = len(start_ns)
+    if n == 0:
+        return st
+    order = np.lexsort((end_ns, start_ns))
+    s = np.asarray(start_ns, dtype=np.int64)[order]
+    e = np.asarray(end_ns, dtype=np.int64)[order]
+    le = np.asarray(launch_end_ns, dtype=np.int64)[order]
+    gf = np.asarray(graph_followup, dtype=bool)[order]
+    cm = np.maximum.accumulate(e)
+    st.window_ns = int(cm[-1] - s[0])
+    st.busy_ns = union_busy_ns(s, e)
+    if n == 1:
+        return st
+    prev_end = cm[:-1]
+    gap = s[1:] - prev_end
+    has_gap = gap > 0
+    idx = np.nonzero(has_gap)[0] + 1  # activity index following each gap
+    g = gap[has_gap]
+    kind = np.full(len(idx), "other", dtype=object)
+    unknown = le[idx] == NO_TIME
+    kind[unknown] = "unattributed"
+    late = (~unknown) & (le[idx] > prev_end[idx - 1])
+    kind[late] = "launch"
+    kind[gf[idx]] = "graph"
+    for k in GAP_KINDS:
+        m = kind == k
+        st.gap_ns_by_kind[k] = int(g[m].sum())
+        st.gap_count_by_kind[k] = int(m.sum())
+    st.launch_gaps_ns = g[kind == "launch"]
+    st.all_gaps_ns = g
+    if top_n and len(g):
+        nm = np.asarray(names, dtype=object)[order] if names is not None else None
+        for j in np.argsort(-g, kind="stable")[:top_n]:
+            i = idx[j]
+            st.top.append(
+                {
+                    "start_ns": int(prev_end[i - 1]),
+                    "gap_us": round(float(g[j]) / 1e3, 3),
+                    "kind": str(kind[j]),
+                    "next": str(nm[i])[:120] if nm is not None else None,
+                }
+            )
+    return st
+
+
+def gap_distribution(gaps_ns: np.ndarray) -> dict:
+    """count, total, p50, p90, p99 and max of a gap sample, in µs (None when empty)."""
+    if len(gaps_ns) == 0:
+        return {"count": 0, "total_us": 0.0, "p50_us": None, "p90_us": None, "p99_us": None, "max_us": None}
+    g = np.asarray(gaps_ns, dtype=np.float64) / 1e3
+    p50, p90, p99 = np.percentile(g, [50, 90, 99])
+    return {
+        "count": int(len(g)),
+        "total_us": round(float(g.sum()), 3),
+        "p50_us": round(float(p50), 3),
+        "p90_us": round(float(p90), 3),
+        "p99_us": round(float(p99), 3),
+        "max_us": round(float(g.max()), 3),
+    }

@@ -1,0 +1,83 @@
+"""``diagnose`` command line: a thin click group over library functions.
+
+Exit status: 0 success; 1 a check failed (``gate``, ``compare``); 2 unusable input or
+arguments (one line on stderr, never a traceback); 3 an internal error (one line; set
+``DIAGNOSE_DEBUG=1`` to see the traceback).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import click
+
+from diagnose import __version__
+from diagnose.errors import DiagnoseError
+
+
+def guarded(fn):
+    """Turn DiagnoseError into one stderr line + exit 2, anything unexpected into exit 3."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except DiagnoseError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
+            raise
+        except MemoryError:
+            click.echo("error: out of memory while analysing the trace (try --window or --device)", err=True)
+            sys.exit(2)
+        except Exception as e:  # noqa: BLE001 — the promise is: never a traceback
+            if os.environ.get("DIAGNOSE_DEBUG"):
+                raise
+            msg = str(e).splitlines()[0][:300] if str(e) else ""
+            click.echo(f"internal error: {type(e).__name__}: {msg} (set DIAGNOSE_DEBUG=1 for a traceback)", err=True)
+            sys.exit(3)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="diagnose")
+def main() -> None:
+    """Why is my LLM inference slow? Analyse torch.profiler (Kineto JSON) and Nsight Systems
+    (SQLite) traces: prefill vs decode, GPU idle and launch gaps, attention share, TTFT/TPOT."""
+
+
+@main.command("run")
+@click.option("--trace", "trace_path", required=True, metavar="FILE",
+              help="Kineto JSON (.json/.json.gz) or nsys SQLite (.sqlite) trace.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="Terminal report or the JSON report contract (README 'JSON report').")
+@click.option("--phase", "phase_regex", multiple=True, metavar="PHASE=REGEX",
+              help="Extra step-marker regex for a phase (prefill, decode, mixed); repeatable.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write the JSON report to this file.")
+@guarded
+def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_path: str | None) -> None:
+    """Analyse one trace and print the report."""
+    from diagnose.pipeline import run_analysis
+
+    analysis = run_analysis(trace_path, phase_regex=phase_regex)
+    report = analysis.to_dict()
+    if out_path or fmt == "json":
+        from diagnose.report.jsonout import to_json
+
+        text = to_json(report)
+        if out_path:
+            with open(out_path, "w") as f:
+                f.write(text + "\n")
+        if fmt == "json":
+            click.echo(text)
+    if fmt == "text":
+        from diagnose.report.terminal import render
+
+        render(analysis)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

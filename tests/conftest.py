@@ -1,0 +1,85 @@
+"""Shared fixtures: path to the real trace corpus and a builder for inline Kineto traces."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_TRACES = ROOT.parent / "shared" / "traces"
+
+
+def shared_trace(rel: str) -> Path:
+    """Path of a file in ../shared/traces; skips the test when the corpus is absent."""
+    p = SHARED_TRACES / rel
+    if not p.exists():
+        pytest.skip(f"shared trace corpus not available: {p}")
+    return p
+
+
+def kineto_files() -> list[Path]:
+    """Every Kineto JSON trace in the shared corpus (the sidecar execution_details.json is not one)."""
+    if not SHARED_TRACES.exists():
+        return []
+    return sorted(
+        p for p in SHARED_TRACES.rglob("*.json*") if p.name != "execution_details.json"
+    )
+
+
+class KinetoBuilder:
+    """Build a Kineto trace in memory. Times in µs (as Kineto writes them)."""
+
+    def __init__(self, **top):
+        self.events: list[dict] = []
+        self.top = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}], **top}
+        self._corr = 1000
+
+    def kernel(self, name, ts, dur, corr=None, stream=7, device=0, cat="kernel", **args):
+        a = {"device": device, "stream": stream, **args}
+        if corr is not None:
+            a["correlation"] = corr
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": device, "tid": stream, "ts": ts, "dur": dur, "args": a})
+        return self
+
+    def memcpy(self, ts, dur, corr=None, stream=7, device=0, nbytes=1024):
+        return self.kernel("Memcpy DtoD (Device -> Device)", ts, dur, corr, stream, device, cat="gpu_memcpy", bytes=nbytes)
+
+    def runtime(self, name, ts, dur, corr, cat="cuda_runtime"):
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": 100, "tid": 100, "ts": ts, "dur": dur, "args": {"correlation": corr}})
+        return self
+
+    def launch(self, name, kernel_ts, kernel_dur, launch_ts, launch_dur=2, stream=7, api="cudaLaunchKernel"):
+        """A kernel plus the runtime call that launched it (same correlation id)."""
+        self._corr += 1
+        self.runtime(api, launch_ts, launch_dur, self._corr)
+        return self.kernel(name, kernel_ts, kernel_dur, self._corr, stream)
+
+    def annotation(self, name, ts, dur, cat="user_annotation", pid=100, tid=100):
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": {}})
+        return self
+
+    def cpu_op(self, name, ts, dur, input_dims=None):
+        args = {"External id": len(self.events)}
+        if input_dims is not None:
+            args["Input Dims"] = input_dims
+        self.events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 100, "tid": 100, "ts": ts, "dur": dur, "args": args})
+        return self
+
+    def doc(self) -> dict:
+        return {**self.top, "traceEvents": self.events}
+
+    def write(self, path: Path, gz: bool = False) -> Path:
+        data = json.dumps(self.doc()).encode()
+        if gz:
+            path = path.with_suffix(path.suffix + ".gz") if not str(path).endswith(".gz") else path
+            path.write_bytes(gzip.compress(data))
+        else:
+            path.write_bytes(data)
+        return path
+
+
+@pytest.fixture
+def kineto():
+    return KinetoBuilder
