@@ -79,5 +79,16 @@ def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_pat
         render(analysis)
 
 
+def _register() -> None:
+    from diagnose.bounds_cli import bounds_command, kv_budget_command
+    from diagnose.collectors.collect_cli import collect_group
+
+    main.add_command(collect_group)
+    main.add_command(bounds_command)
+    main.add_command(kv_budget_command)
+
+
+_register()
+
 if __name__ == "__main__":  # pragma: no cover
     main()
