@@ -1,0 +1,247 @@
+"""GPU peak table and device-name resolution for analytic bounds.
+
+The table ships as package data (``diagnose/data/gpus.yaml``), one row per part with its
+vendor source. Peaks are dense tensor-core figures (never 2:4 sparsity figures); units are
+named in every field: TFLOP/s = 1e12 FLOP/s, TB/s = 1e12 B/s, GB = the vendor's capacity
+label. The ridge point of a row is peak FLOP/s / peak B/s (domain.md section 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Iterable
+
+import yaml
+
+from diagnose.errors import DiagnoseError
+
+_ROW_KEYS = (
+    "name",
+    "vendor",
+    "aliases",
+    "dense_fp16_tflops",
+    "dense_fp8_tflops",
+    "memory_bandwidth_tbps",
+    "memory_gb",
+    "source",
+    "source_url",
+    "note",
+)
+
+
+@dataclass(frozen=True)
+class GpuPeak:
+    """Peak figures of one GPU.
+
+    Attributes:
+        name: row name accepted by ``--gpu`` (e.g. "H100-SXM").
+        vendor: "NVIDIA", "AMD", or "" for a peak given only by flags.
+        aliases: regexes matched case-insensitively against trace device names.
+        dense_fp16_tflops: dense FP16/BF16 tensor-core peak, TFLOP/s; None if unknown.
+        dense_fp8_tflops: dense FP8 tensor-core peak, TFLOP/s; None where the part has none.
+        memory_bandwidth_tbps: peak device-memory bandwidth, TB/s; None if unknown.
+        memory_gb: memory capacity label in GB; None if unknown.
+        source: vendor document the figures come from.
+        source_url: its address.
+        note: caveats (ambiguous or derived figures), or None.
+        overrides: names of fields given by command-line flags.
+    """
+
+    name: str
+    vendor: str
+    aliases: tuple[str, ...]
+    dense_fp16_tflops: float | None
+    dense_fp8_tflops: float | None
+    memory_bandwidth_tbps: float | None
+    memory_gb: float | None
+    source: str
+    source_url: str
+    note: str | None = None
+    overrides: tuple[str, ...] = ()
+
+    @property
+    def ridge_flop_per_byte(self) -> float | None:
+        """Ridge point = dense FP16 peak FLOP/s / peak B/s, FLOP/B (domain.md section 3)."""
+        if not self.dense_fp16_tflops or not self.memory_bandwidth_tbps:
+            return None
+        return self.dense_fp16_tflops / self.memory_bandwidth_tbps
+
+
+def _positive_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
+
+
+def _row_from_yaml(raw: Any, index: int) -> GpuPeak:
+    if not isinstance(raw, dict):
+        raise DiagnoseError(f"gpus.yaml row {index} is not a mapping")
+    missing = [k for k in _ROW_KEYS if k not in raw]
+    if missing:
+        raise DiagnoseError(f"gpus.yaml row {index} lacks {', '.join(missing)}")
+    name = raw["name"]
+    aliases = raw["aliases"]
+    if not isinstance(aliases, list) or not aliases or not all(isinstance(a, str) for a in aliases):
+        raise DiagnoseError(f"gpus.yaml row {name!r}: aliases must be a non-empty list of regexes")
+    for alias in aliases:
+        try:
+            re.compile(alias, re.IGNORECASE)
+        except re.error as exc:
+            raise DiagnoseError(f"gpus.yaml row {name!r}: bad alias {alias!r}: {exc}") from None
+    for key in ("dense_fp16_tflops", "memory_bandwidth_tbps", "memory_gb"):
+        if not _positive_number(raw[key]):
+            raise DiagnoseError(f"gpus.yaml row {name!r}: {key} must be a positive number")
+    if raw["dense_fp8_tflops"] is not None and not _positive_number(raw["dense_fp8_tflops"]):
+        raise DiagnoseError(f"gpus.yaml row {name!r}: dense_fp8_tflops must be positive or null")
+    return GpuPeak(
+        name=str(name),
+        vendor=str(raw["vendor"]),
+        aliases=tuple(aliases),
+        dense_fp16_tflops=float(raw["dense_fp16_tflops"]),
+        dense_fp8_tflops=None if raw["dense_fp8_tflops"] is None else float(raw["dense_fp8_tflops"]),
+        memory_bandwidth_tbps=float(raw["memory_bandwidth_tbps"]),
+        memory_gb=float(raw["memory_gb"]),
+        source=str(raw["source"]),
+        source_url=str(raw["source_url"]),
+        note=None if raw["note"] is None else str(raw["note"]).strip(),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def load_gpu_table() -> tuple[GpuPeak, ...]:
+    """Load the packaged GPU peak table (``diagnose.data/gpus.yaml``) via importlib.resources.
+
+    Returns:
+        The rows, in file order.
+
+    Raises:
+        DiagnoseError: the table is malformed (missing field, non-positive number, bad
+            regex, duplicate name).
+    """
+    text = resources.files("diagnose.data").joinpath("gpus.yaml").read_text(encoding="utf-8")
+    doc = yaml.safe_load(text)
+    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list):
+        raise DiagnoseError("gpus.yaml must hold a 'gpus' list")
+    rows = tuple(_row_from_yaml(raw, i) for i, raw in enumerate(doc["gpus"]))
+    seen: set[str] = set()
+    for row in rows:
+        key = _normalize(row.name)
+        if key in seen:
+            raise DiagnoseError(f"gpus.yaml has two rows named {row.name!r}")
+        seen.add(key)
+    return rows
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def resolve_gpu(device_name: str, table: Iterable[GpuPeak] | None = None) -> GpuPeak | None:
+    """Find the table row for a device name as it appears in a trace.
+
+    Every alias is tried with a case-insensitive ``re.search``. When several rows match,
+    the most specific alias wins: the longest matched text, then the longest pattern.
+
+    Args:
+        device_name: e.g. "NVIDIA H100 80GB HBM3", "AMD Instinct MI300X VF".
+        table: rows to search; defaults to :func:`load_gpu_table`.
+
+    Returns:
+        The row, or None when the name is empty/whitespace or nothing matches.
+    """
+    if not isinstance(device_name, str) or not device_name.strip():
+        return None
+    rows = load_gpu_table() if table is None else tuple(table)
+    best: tuple[int, int] | None = None
+    found: GpuPeak | None = None
+    for row in rows:
+        for alias in row.aliases:
+            m = re.search(alias, device_name, re.IGNORECASE)
+            if m is None:
+                continue
+            score = (m.end() - m.start(), len(alias))
+            if best is None or score > best:
+                best, found = score, row
+    return found
+
+
+def gpu_names(table: Iterable[GpuPeak] | None = None) -> list[str]:
+    """Row names accepted by ``--gpu``."""
+    return [row.name for row in (load_gpu_table() if table is None else table)]
+
+
+def gpu_by_name(name: str) -> GpuPeak:
+    """Row for a ``--gpu NAME`` flag.
+
+    Matching ignores case and punctuation ("h100-sxm", "H100 SXM", "h200",
+    "a100-80gb-sxm"); failing that, the name is resolved like a trace device name
+    ("NVIDIA A100-SXM4-80GB").
+
+    Raises:
+        DiagnoseError: unknown name; the message lists the valid names.
+    """
+    rows = load_gpu_table()
+    key = _normalize(name or "")
+    if key:
+        for row in rows:
+            if _normalize(row.name) == key:
+                return row
+    row = resolve_gpu(name or "")
+    if row is not None:
+        return row
+    raise DiagnoseError(f"unknown GPU {name!r}; valid names: {', '.join(gpu_names(rows))}")
+
+
+def peak_from_overrides(
+    gpu: str | None = None,
+    peak_tflops: float | None = None,
+    bandwidth_tbps: float | None = None,
+    device_name: str = "",
+) -> GpuPeak | None:
+    """Peak figures from ``--gpu``, ``--peak-tflops``/``--bandwidth-tbps`` and a trace name.
+
+    The base row is ``gpu_by_name(gpu)`` when ``gpu`` is given, else
+    ``resolve_gpu(device_name)``. Flags replace the row's dense FP16 peak and bandwidth
+    (recorded in ``overrides``). Without a row, flags alone give a row named "custom"
+    whose unknown fields are None.
+
+    Args:
+        gpu: ``--gpu`` value, or None.
+        peak_tflops: dense peak override, TFLOP/s (> 0).
+        bandwidth_tbps: bandwidth override, TB/s (> 0).
+        device_name: device name from a trace.
+
+    Returns:
+        The peak, or None when nothing is known.
+
+    Raises:
+        DiagnoseError: unknown ``gpu`` or a non-positive override.
+    """
+    for value, flag in ((peak_tflops, "--peak-tflops"), (bandwidth_tbps, "--bandwidth-tbps")):
+        if value is not None and not _positive_number(value):
+            raise DiagnoseError(f"{flag} must be a positive number, got {value!r}")
+    base = gpu_by_name(gpu) if gpu else resolve_gpu(device_name)
+    if base is None and peak_tflops is None and bandwidth_tbps is None:
+        return None
+    if base is None:
+        base = GpuPeak(
+            name="custom",
+            vendor="",
+            aliases=(),
+            dense_fp16_tflops=None,
+            dense_fp8_tflops=None,
+            memory_bandwidth_tbps=None,
+            memory_gb=None,
+            source="command-line flags",
+            source_url="",
+        )
+    changes: dict[str, Any] = {}
+    if peak_tflops is not None:
+        changes["dense_fp16_tflops"] = float(peak_tflops)
+    if bandwidth_tbps is not None:
+        changes["memory_bandwidth_tbps"] = float(bandwidth_tbps)
+    if not changes:
+        return base
+    return dataclasses.replace(base, overrides=base.overrides + tuple(changes), **changes)
