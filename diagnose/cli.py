@@ -41,6 +41,33 @@ def guarded(fn):
     return wrapper
 
 
+def attainment_options(fn):
+    """Shared flags for commands that compute MFU/MBU/bound ratio."""
+    opts = [
+        click.option("--model-config", type=click.Path(dir_okay=False), default=None,
+                     help="Hugging Face config.json of the model (else the trace's metadata)."),
+        click.option("--gpu", default=None, help="GPU peak-table row, e.g. H100-SXM, A100-80GB-SXM, MI300X (see `diagnose bounds --help`)."),
+        click.option("--peak-tflops", type=float, default=None, help="Override the dense FP16/BF16 peak, TFLOP/s."),
+        click.option("--bandwidth-tbps", type=float, default=None, help="Override the memory bandwidth, TB/s."),
+        click.option("--batch", type=click.IntRange(min=1), default=None, help="Sequences per step, when markers do not say."),
+        click.option("--context", type=click.IntRange(min=1), default=None, help="KV context per sequence in decode steps."),
+        click.option("--prompt-len", type=click.IntRange(min=1), default=None, help="Prompt tokens per sequence in prefill steps."),
+        click.option("--weight-dtype", type=click.Choice(["fp32", "fp16", "bf16", "fp8", "int8", "int4"]), default=None,
+                     help="Weight dtype for bytes (default: trace metadata, else bf16)."),
+        click.option("--kv-dtype", type=click.Choice(["fp32", "fp16", "bf16", "fp8", "int8", "int4"]), default=None,
+                     help="KV-cache dtype for bytes (default: the weight dtype when 16/32-bit, else bf16)."),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def make_options(phase_regex=(), **att):
+    from diagnose.analyzers import Options
+
+    return Options(phase_regex=tuple(phase_regex), **att)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="diagnose")
 def main() -> None:
@@ -55,14 +82,20 @@ def main() -> None:
               help="Terminal report or the JSON report contract (README 'JSON report').")
 @click.option("--phase", "phase_regex", multiple=True, metavar="PHASE=REGEX",
               help="Extra step-marker regex for a phase (prefill, decode, mixed); repeatable.")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False, writable=True), default=None,
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the JSON report to this file.")
+@attainment_options
 @guarded
-def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_path: str | None) -> None:
-    """Analyse one trace and print the report."""
+def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_path: str | None, **att) -> None:
+    """Analyse one trace and print the report.
+
+    Attainment (MFU, MBU, bound ratio) needs the device's peaks (resolved from the trace's
+    device name, or --gpu / --peak-tflops / --bandwidth-tbps) and, for bytes, the model config
+    (from trace metadata written by `diagnose collect`, or --model-config).
+    """
     from diagnose.pipeline import run_analysis
 
-    analysis = run_analysis(trace_path, phase_regex=phase_regex)
+    analysis = run_analysis(trace_path, options=make_options(phase_regex, **att))
     report = analysis.to_dict()
     if out_path or fmt == "json":
         from diagnose.report.jsonout import to_json

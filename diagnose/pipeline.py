@@ -5,11 +5,16 @@ from diagnose.analyzers import Analysis, Options, analyze
 from diagnose.trace import load_trace
 
 
-def run_analysis(path: str, phase_regex: tuple[str, ...] = ()) -> Analysis:
+def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options | None = None) -> Analysis:
     """Load ``path`` and run every analyzer.
+
+    Args:
+        path: trace file.
+        phase_regex: shorthand for ``Options(phase_regex=...)`` when ``options`` is None.
+        options: every analysis option.
 
     Raises:
         DiagnoseError: unusable input or options.
     """
     trace = load_trace(path)
-    return analyze(trace, Options(phase_regex=tuple(phase_regex)))
+    return analyze(trace, options or Options(phase_regex=tuple(phase_regex)))

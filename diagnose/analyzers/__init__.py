@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from diagnose import accounting
+from diagnose.accounting import ModelSpec
+from diagnose.analyzers.attainment import AttainmentInputs, phase_attainment, step_shape_flops
 from diagnose.analyzers.categories import CATEGORIES, categorize
 from diagnose.analyzers.latency import LatencyFindings, latency_findings, step_table
 from diagnose.analyzers.phases import (
@@ -22,6 +25,8 @@ from diagnose.analyzers.phases import (
     user_grammars,
 )
 from diagnose.analyzers.timeline import analyze_gaps, gap_distribution
+from diagnose.errors import DiagnoseError
+from diagnose.hardware import peak_from_overrides
 from diagnose.trace.model import NO_TIME, QualityIssue, Trace
 
 SCHEMA_VERSION = 1
@@ -29,9 +34,27 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class Options:
-    """Analysis options. ``phase_regex``: ``PHASE=REGEX`` strings from ``--phase``."""
+    """Analysis options (CLI flags win over trace metadata).
+
+    Attributes:
+        phase_regex: ``PHASE=REGEX`` strings from ``--phase``.
+        model_config: path of a Hugging Face ``config.json`` (``--model-config``).
+        gpu: GPU table row name (``--gpu``); peak_tflops / bandwidth_tbps override its peaks.
+        batch, context, prompt_len: step shapes when the trace's markers do not carry them.
+        weight_dtype, kv_dtype: bytes per weight / KV element (fp32 fp16 bf16 fp8 int8 int4);
+            None = from trace metadata, else bf16.
+    """
 
     phase_regex: tuple[str, ...] = ()
+    model_config: str | None = None
+    gpu: str | None = None
+    peak_tflops: float | None = None
+    bandwidth_tbps: float | None = None
+    batch: int | None = None
+    context: int | None = None
+    prompt_len: int | None = None
+    weight_dtype: str | None = None
+    kv_dtype: str | None = None
 
 
 @dataclass
@@ -53,9 +76,18 @@ class PhaseFindings:
     categories_ms: dict[str, float]
     gaps: dict[str, Any]
     top_kernels: list[dict[str, Any]]
+    attainment: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        d = {k: v for k, v in self.__dict__.items() if k != "attainment"}
+        d.update(self.attainment)
+        return d
+
+    def __getattr__(self, name: str) -> Any:  # p.mfu, p.mbu, p.bound_ratio ...
+        att = self.__dict__.get("attainment") or {}
+        if name in att:
+            return att[name]
+        raise AttributeError(name)
 
 
 @dataclass
@@ -179,8 +211,7 @@ def analyze(trace: Trace, options: Options | None = None) -> Analysis:
         if not any(q.code == code for q in quality):
             quality.append(QualityIssue(code, msg, count))
 
-    extra = user_grammars(options.phase_regex)
-    steps = find_steps(trace, extra)
+    steps = find_steps(trace, user_grammars(options.phase_regex))
     if len(steps) == 0:
         steps = steps_from_shapes(trace)
         if len(steps):
@@ -214,6 +245,12 @@ def analyze(trace: Trace, options: Options | None = None) -> Analysis:
             note("graph_kernels_no_launch", f"{graph_kernels} kernels replayed from {n_launch} graph launch(es): no per-kernel launch call; op-level attribution unavailable for them", graph_kernels)
 
     steps = step_table(steps, g)
+    sf, sb, sc = step_shape_flops(trace, steps)
+    steps["shape_flops"], steps["shape_bytes"], steps["shape_ops"] = sf, sb, sc
+    graph_steps = np.zeros(len(steps), dtype=bool)
+    if len(steps) and len(g):
+        gs = g.loc[(g["step"] >= 0) & (g["launch_kind"] == "graph_launch"), "step"].unique()
+        graph_steps[gs.astype(np.int64)] = True
     devices_present = sorted(int(d) for d in gpu["device"].unique()) if len(gpu) else []
     dev_list = [{"id": d, "name": trace.device_name(d)} for d in devices_present]
     listed = {d.id for d in trace.devices}
@@ -225,6 +262,7 @@ def analyze(trace: Trace, options: Options | None = None) -> Analysis:
         if not d["name"]:
             note("unnamed_device", f"device {d['id']} has no name in the trace: peak numbers cannot be resolved from it (use --gpu)")
 
+    att_inputs = attainment_inputs(trace, options, dev_list, note)
     phases: list[PhaseFindings] = []
     phase_names = [p for p in ("prefill", "decode", "mixed") if len(steps) and (steps["phase"] == p).any()]
     for dev in devices_present or [None]:
@@ -237,7 +275,14 @@ def analyze(trace: Trace, options: Options | None = None) -> Analysis:
             sub = sub_all[sub_all["phase"] == p]
             if dev is not None and len(ps) == 0 and len(sub) == 0:
                 continue
-            phases.append(_phase_findings(p, dev, sub, len(ps), int(ps["wall_ns"].sum())))
+            pf = _phase_findings(p, dev, sub, len(ps), int(ps["wall_ns"].sum()))
+            pf.attainment = phase_attainment(p, ps, att_inputs, graph_steps[ps.index.to_numpy()])
+            cov = pf.attainment.get("forward_coverage")
+            if cov is not None and cov < 0.5:
+                note("partial_forward", f"{p}: the operators in the step windows account for {cov:.0%} of the model config's FLOPs: the trace covers part of a forward, so bytes from the config overstate the work and MBU/bound_ratio are too high")
+            if pf.attainment.get("achieved_tbps") and pf.attainment.get("peak_tbps") and pf.attainment["achieved_tbps"] > pf.attainment["peak_tbps"]:
+                note("bandwidth_above_peak", f"{p}: achieved {pf.attainment['achieved_tbps']:.2f} TB/s exceeds the device peak {pf.attainment['peak_tbps']:.2f} TB/s: wrong peak, wrong model config, or a timing without synchronisation (S7)")
+            phases.append(pf)
         unk = sub_all[sub_all["phase"] == "unknown"]
         if len(unk):
             wall = int(unk["end_ns"].max() - unk["start_ns"].min())
@@ -248,12 +293,80 @@ def analyze(trace: Trace, options: Options | None = None) -> Analysis:
         devices=dev_list,
         phases=phases,
         latency=latency_findings(steps),
-        steps=steps.drop(columns=["device_activity_count"]),
+        steps=steps.drop(columns=["device_activity_count", "shape_bytes"]),
         quality=quality,
         partial=trace.partial,
         metadata=trace.metadata,
         activities=g,
+        extra={
+            "gpu": _gpu_dict(att_inputs.peak),
+            "model": _model_dict(att_inputs),
+        },
     )
+
+
+def _gpu_dict(peak) -> dict[str, Any] | None:
+    if peak is None:
+        return None
+    return {
+        "name": peak.name,
+        "peak_tflops": peak.dense_fp16_tflops,
+        "peak_tbps": peak.memory_bandwidth_tbps,
+        "ridge_flop_per_byte": peak.ridge_flop_per_byte,
+        "source": peak.source,
+        "overrides": list(peak.overrides),
+    }
+
+
+def _model_dict(inp: AttainmentInputs) -> dict[str, Any] | None:
+    if inp.spec is None:
+        return None
+    sp = inp.spec
+    return {
+        "name": sp.name,
+        "source": inp.spec_source,
+        "params_total": sp.params_total,
+        "weight_dtype": inp.weight_dtype,
+        "weight_bytes": accounting.weight_bytes(sp, inp.weight_dtype),
+        "kv_dtype": inp.kv_dtype,
+        "kv_bytes_per_token": accounting.kv_bytes_per_token(sp, inp.kv_dtype),
+    }
+
+
+_DTYPE_ALIASES = {"float32": "fp32", "torch.float32": "fp32", "float16": "fp16", "torch.float16": "fp16", "half": "fp16",
+                  "bfloat16": "bf16", "torch.bfloat16": "bf16", "fp32": "fp32", "fp16": "fp16", "bf16": "bf16",
+                  "fp8": "fp8", "int8": "int8", "int4": "int4"}
+
+
+def attainment_inputs(trace: Trace, options: Options, dev_list: list[dict], note) -> AttainmentInputs:
+    """Resolve model config, peaks, dtypes and shapes from flags, then trace metadata.
+
+    Raises:
+        DiagnoseError: an unreadable ``--model-config``, unknown ``--gpu`` or bad override.
+    """
+    inp = AttainmentInputs(batch=options.batch, context=options.context, prompt_len=options.prompt_len)
+    meta = trace.metadata.get("diagnose") if isinstance(trace.metadata.get("diagnose"), dict) else {}
+    if options.model_config:
+        from diagnose.bounds_cli import load_model_config
+
+        inp.spec = load_model_config(options.model_config)
+        inp.spec_source = options.model_config
+    elif isinstance(meta.get("model_config"), dict):
+        try:
+            inp.spec = ModelSpec.from_hf_config(meta["model_config"], name=meta["model_config"].get("_name_or_path") or "trace metadata")
+            inp.spec_source = "trace metadata"
+        except DiagnoseError as e:
+            note("model_config_unusable", f"model config in trace metadata is unusable: {e}")
+    wd = options.weight_dtype or _DTYPE_ALIASES.get(str(meta.get("dtype", "")).lower()) or "bf16"
+    inp.weight_dtype = wd
+    inp.kv_dtype = options.kv_dtype or (wd if wd in ("fp32", "fp16", "bf16") else "bf16")
+    if isinstance(meta.get("prefill_logits_positions"), int) and meta["prefill_logits_positions"] > 1:
+        inp.lm_head = "all"  # a plain Hugging Face forward computes logits for every position
+    name = dev_list[0]["name"] if dev_list else ""
+    inp.peak = peak_from_overrides(options.gpu, options.peak_tflops, options.bandwidth_tbps, device_name=name)
+    if inp.peak is None and dev_list:
+        note("unknown_device_peak", f"device {name or '(unnamed)'!r} is not in the GPU peak table: MFU/MBU skipped (use --gpu NAME or --peak-tflops/--bandwidth-tbps)")
+    return inp
 
 
 def _cpu_span_ns(trace: Trace) -> int:

@@ -100,17 +100,22 @@ def match_marker(name: str, grammars) -> dict | None:
             batch = npf + ndc
         else:
             continue
+        context = _int(gd, "context")
+        kv_tokens = _int(gd, "kv_tokens")
+        if kv_tokens is None and phase == "decode" and batch and context:
+            kv_tokens = batch * context
         return {
             "phase": phase,
             "grammar": g.name,
             "batch": batch,
             "tokens": _int(gd, "tokens"),
-            "context": _int(gd, "context"),
+            "context": context,
+            "kv_tokens": kv_tokens,
         }
     return None
 
 
-STEP_COLUMNS = ["name", "phase", "grammar", "start_ns", "end_ns", "batch", "tokens", "context", "scope"]
+STEP_COLUMNS = ["name", "phase", "grammar", "start_ns", "end_ns", "batch", "tokens", "context", "kv_tokens", "scope"]
 
 
 def find_steps(trace: Trace, extra: list[Grammar] | None = None) -> pd.DataFrame:
@@ -140,7 +145,7 @@ def find_steps(trace: Trace, extra: list[Grammar] | None = None) -> pd.DataFrame
     for r in rows:
         if kept and r["start_ns"] >= kept[-1]["start_ns"] and r["end_ns"] <= kept[-1]["end_ns"]:
             outer = kept[-1]
-            for k in ("batch", "tokens", "context"):
+            for k in ("batch", "tokens", "context", "kv_tokens"):
                 if outer.get(k) is None and r.get(k) is not None:
                     outer[k] = r[k]
             continue
@@ -164,7 +169,7 @@ def _is_int_list(x, n_min: int) -> bool:
     return isinstance(x, list) and len(x) >= n_min and all(isinstance(v, int) for v in x)
 
 
-def shape_votes(trace: Trace, start_ns: int, end_ns: int) -> tuple[set[str], int | None, int | None]:
+def shape_votes(trace: Trace, start_ns: int, end_ns: int) -> tuple[set[str], int | None, int | None, int | None]:
     """Phase evidence from operator shapes inside [start_ns, end_ns].
 
     Rules (domain.md §1): ``aten::linear`` input [B, S, H]: S == 1 -> decode, S > 1 -> prefill.
@@ -174,15 +179,21 @@ def shape_votes(trace: Trace, start_ns: int, end_ns: int) -> tuple[set[str], int
     ([tokens, H], as vLLM-style engines flatten the batch) carry no phase evidence.
 
     Returns:
-        (votes, batch, seq_len): the set of phases voted for, and B/S of the first 3-D linear.
+        (votes, batch, seq_len, context): the phases voted for; B and S of the first 3-D
+        linear (else M of the first 2-D linear as B with S = 1, the decode reading); the
+        KV context: the longest key length of decode-shaped SDPA ops, else the key length of
+        the first decode-shaped batched matmul (QK^T runs before PV); or None.
     """
     ops = trace.cpu_ops
     votes: set[str] = set()
-    batch = seq = None
+    batch = seq = context = None
+    flat_m = None
     if len(ops) == 0:
-        return votes, batch, seq
+        return votes, batch, seq, context
     m = (ops["start_ns"] >= start_ns) & (ops["start_ns"] <= end_ns) & ops["name"].isin({"aten::linear"} | _ATTN_OPS | _BMM_OPS)
-    for name, raw in zip(ops.loc[m, "name"].to_numpy(), ops.loc[m, "input_dims"].to_numpy()):
+    sel = ops.loc[m].sort_values("start_ns", kind="stable")
+    bmm_context = None  # from the first decode-shaped batched matmul: QK^T precedes PV
+    for name, raw in zip(sel["name"].to_numpy(), sel["input_dims"].to_numpy()):
         dims = parse_input_dims(raw)
         if not dims or len(dims) < 2:
             continue
@@ -192,6 +203,8 @@ def shape_votes(trace: Trace, start_ns: int, end_ns: int) -> tuple[set[str], int
                 votes.add("decode" if a[1] == 1 else "prefill")
                 if batch is None:
                     batch, seq = a[0], a[1]
+            elif _is_int_list(a, 2) and len(a) == 2 and flat_m is None:
+                flat_m = a[0]
             continue
         if name in _ATTN_OPS:
             if _is_int_list(a, 4) and _is_int_list(b, 4):
@@ -208,7 +221,15 @@ def shape_votes(trace: Trace, start_ns: int, end_ns: int) -> tuple[set[str], int
             votes.add("prefill")
         elif sq < sk and sq <= DECODE_MAX_QUERY:
             votes.add("decode")
-    return votes, batch, seq
+            if name in _ATTN_OPS:
+                context = sk if context is None else max(context, sk)
+            elif bmm_context is None:
+                bmm_context = sk
+    if context is None:
+        context = bmm_context
+    if batch is None and flat_m is not None and votes == {"decode"}:
+        batch, seq = flat_m, 1
+    return votes, batch, seq, context
 
 
 def steps_from_shapes(trace: Trace) -> pd.DataFrame:
@@ -231,12 +252,13 @@ def steps_from_shapes(trace: Trace) -> pd.DataFrame:
         windows = [("trace", lo, hi)]
     rows = []
     for name, s, e in windows:
-        votes, b, sl = shape_votes(trace, s, e)
+        votes, b, sl, ctx = shape_votes(trace, s, e)
         if len(votes) != 1:
             continue
         rows.append(
             {"name": name, "phase": votes.pop(), "grammar": "shapes", "start_ns": s, "end_ns": e,
-             "batch": b, "tokens": b * sl if b is not None and sl is not None else None, "context": None, "scope": "cpu"}
+             "batch": b, "tokens": b * sl if b is not None and sl is not None else None, "context": ctx,
+             "kv_tokens": None, "scope": "cpu"}
         )
     return pd.DataFrame(rows, columns=STEP_COLUMNS)
 

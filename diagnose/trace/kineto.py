@@ -80,6 +80,7 @@ class _OpArgs(msgspec.Struct, gc=False):
     external_id: int | None = msgspec.field(default=None, name="External id")
     external_id_legacy: int | None = msgspec.field(default=None, name="external id")
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
     device: int | None = None
 
 
@@ -148,7 +149,7 @@ def _decode_args(dec: msgspec.json.Decoder, raw: msgspec.Raw | None, loose_cls: 
             v = obj.get(f.encode_name)
             if v is None:
                 continue
-            if f.name == "input_dims":
+            if f.name in ("input_dims", "input_types"):
                 kw[f.name] = msgspec.Raw(msgspec.json.encode(v))
                 continue
             try:
@@ -253,7 +254,7 @@ def load_kineto(path: str, buf: bytes | None = None) -> Trace:
 
     g = {k: [] for k in ("kind", "name", "device", "stream", "ts", "dur", "correlation", "external_id", "bytes")}
     r = {k: [] for k in ("name", "ts", "dur", "correlation", "pid", "tid")}
-    o = {k: [] for k in ("name", "ts", "dur", "external_id", "tid", "input_dims")}
+    o = {k: [] for k in ("name", "ts", "dur", "external_id", "tid", "input_dims", "input_types")}
     a = {k: [] for k in ("name", "scope", "device", "ts", "dur", "pid", "tid")}
     s = {k: [] for k in ("name", "device", "stream", "ts", "dur")}
     negative = 0
@@ -328,6 +329,7 @@ def load_kineto(path: str, buf: bytes | None = None) -> Trace:
             o["external_id"].append(ext if ext is not None else -1)
             o["tid"].append(_as_int(ev.tid))
             o["input_dims"].append(oa.input_dims if oa.input_dims else None)
+            o["input_types"].append(oa.input_types if oa.input_types else None)
         elif scope is not None:
             a["name"].append(name)
             a["scope"].append(scope)

@@ -17,7 +17,8 @@ Column contracts (pandas DataFrames, one row per event):
 
 ``cpu_ops`` — framework operators (``cpu_op`` / legacy ``Operator``):
     name (str), start_ns, end_ns (int64), external_id (int64), tid (int64),
-    input_dims (object: parsed ``Input Dims`` list, or None when not recorded).
+    input_dims, input_types (object: raw ``Input Dims`` / ``Input type`` JSON, decoded on
+    demand with ``diagnose.trace.kineto.parse_input_dims``; None when not recorded).
 
 ``annotations`` — user ranges, used for phases and steps, never counted as GPU busy time:
     name (str), scope (str: "cpu" | "gpu"), device (int64, -1 for CPU ranges),
@@ -63,6 +64,7 @@ CPU_OP_COLUMNS = {
     "external_id": "int64",
     "tid": "int64",
     "input_dims": "object",
+    "input_types": "object",
 }
 ANNOTATION_COLUMNS = {
     "name": "object",
@@ -91,7 +93,11 @@ def frame(columns: dict[str, str], data: dict[str, Any] | None = None) -> pd.Dat
     if not data:
         return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in columns.items()})
     out = {}
+    n = len(next(iter(data.values())))
     for c, t in columns.items():
+        if c not in data and t == "object":
+            out[c] = pd.Series([None] * n, dtype=object)  # optional column not provided
+            continue
         v = data[c]
         if t == "object":
             out[c] = pd.Series(v, dtype=object) if not isinstance(v, pd.Series) else v.astype(object)

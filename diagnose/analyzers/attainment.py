@@ -1,0 +1,298 @@
+"""Measured attainment per phase: achieved TFLOP/s and TB/s, MFU, MBU, arithmetic intensity,
+compute- or memory-bound against the ridge point, and the ratio to the analytic lower bound.
+
+Sources of each input (the report lists the ones that were missing in ``attainment_missing``):
+
+* **FLOPs** — from operator shapes (``Input Dims`` of aten::mm/addmm/bmm/baddbmm/matmul/
+  linear/_scaled_mm and the SDPA / flash-attention ops), counting only the outermost such op
+  on each thread (aten::linear -> aten::matmul -> aten::mm is one GEMM). An op belongs to the
+  step whose CPU range contains its start, which is also where its kernels' launch calls sit,
+  so FLOPs and kernels of a step are the same work. Steps replayed from a CUDA graph run no
+  operators on the CPU: their FLOPs come from the model config instead (domain.md §2:
+  decode ``2 * P * B`` plus attention ``4 * n_h * d * ctx * L * B``; prefill linear + LM head +
+  causal attention). Attention FLOPs from SDPA shapes use full masking (an upper bound: the
+  causal flag is not in the shapes).
+* **Bytes** — from the model config when known (trace metadata ``diagnose.model_config`` or
+  ``--model-config``): decode step = weight bytes + KV tokens read x KV bytes per token;
+  prefill step = weight bytes + tokens x KV bytes per token written (domain.md §3). Without
+  a config: operand bytes of the FLOP ops (inputs + output, by ``Input type``), a lower
+  estimate that ignores cache reuse.
+* **Time** — the phase's step wall times (launch to GPU finish, see latency.py).
+* **Peaks** — the device row of ``diagnose/data/gpus.yaml`` resolved from the trace's device
+  name, or ``--gpu`` / ``--peak-tflops`` / ``--bandwidth-tbps``. MFU uses the dense FP16/BF16
+  tensor peak. Unknown device: attainment is skipped, never guessed.
+
+``bound_ratio`` = phase step time / sum over its steps of max(bytes / BW, FLOPs / peak).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diagnose import accounting
+from diagnose.accounting import ModelSpec
+from diagnose.hardware import GpuPeak
+from diagnose.trace.kineto import parse_input_dims
+from diagnose.trace.model import Trace
+
+_GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+             "aten::_scaled_mm", "aten::addbmm"}
+_SDPA_BHSD = {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
+              "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention"}
+_SDPA_BSHD = {"aten::_flash_attention_forward", "aten::_efficient_attention_forward"}
+FLOP_OPS = _GEMM_OPS | _SDPA_BHSD | _SDPA_BSHD
+
+_TYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "c10::Float8_e4m3fn": 1,
+               "c10::Float8_e5m2": 1, "signed char": 1, "unsigned char": 1, "int": 4, "long int": 8,
+               "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1}
+
+
+def _ints(x: Any) -> list[int] | None:
+    if isinstance(x, list) and x and all(isinstance(v, int) for v in x):
+        return x
+    return None
+
+
+def op_flops(name: str, dims: list | None) -> int | None:
+    """FLOPs of one operator from its ``Input Dims`` (2 per multiply-add), None when unknown.
+
+    GEMMs: 2*M*K*N times the broadcast batch. SDPA: 4*B*H*Sq*Sk*D (QK^T and PV, full mask).
+    """
+    if not dims:
+        return None
+    if name in ("aten::addmm", "aten::baddbmm", "aten::addbmm"):
+        dims = dims[1:]
+    if name == "aten::linear":
+        a, w = _ints(dims[0]) if dims else None, _ints(dims[1]) if len(dims) > 1 else None
+        if not a or not w or len(w) != 2:
+            return None
+        return 2 * math.prod(a[:-1]) * a[-1] * w[0]
+    if name in _SDPA_BHSD or name in _SDPA_BSHD:
+        q = _ints(dims[0]) if dims else None
+        k = _ints(dims[1]) if len(dims) > 1 else None
+        if not q or not k or len(q) != 4 or len(k) != 4:
+            return None
+        if name in _SDPA_BHSD:
+            b, h, sq, d = q
+            sk = k[2]
+        else:
+            b, sq, h, d = q
+            sk = k[1]
+        return 4 * b * h * sq * sk * d
+    if len(dims) < 2:
+        return None
+    a, b = _ints(dims[0]), _ints(dims[1])
+    if not a or not b:
+        return None
+    if len(a) == 1 or len(b) == 1:
+        return 2 * math.prod(a) * (b[-1] if len(b) > 1 else 1)
+    m, k = a[-2], a[-1]
+    n = b[-1]
+    batch = max(math.prod(a[:-2]), math.prod(b[:-2]))
+    return 2 * batch * m * k * n
+
+
+def _op_bytes(dims: list | None, types: list | None, flops_name: str) -> int | None:
+    if not dims:
+        return None
+    total = 0
+    for i, d in enumerate(dims):
+        dd = _ints(d)
+        if not dd:
+            continue
+        t = types[i] if types and i < len(types) else None
+        total += math.prod(dd) * _TYPE_BYTES.get(t, 2)
+    return total or None
+
+
+def step_shape_flops(trace: Trace, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FLOPs and operand bytes from shapes per step, and the count of FLOP ops per step.
+
+    Returns:
+        (flops, operand_bytes, op_count), int64 arrays aligned with ``steps``.
+    """
+    n = len(steps)
+    flops = np.zeros(n, dtype=np.int64)
+    nbytes = np.zeros(n, dtype=np.int64)
+    count = np.zeros(n, dtype=np.int64)
+    ops = trace.cpu_ops
+    if n == 0 or len(ops) == 0:
+        return flops, nbytes, count
+    ops = ops[ops["name"].isin(FLOP_OPS)]
+    if len(ops) == 0:
+        return flops, nbytes, count
+    ops = ops.sort_values(["tid", "start_ns", "end_ns"], ascending=[True, True, False], kind="stable")
+    # Outermost only: an op is nested when an earlier op on its thread ends at or after its end.
+    tid = ops["tid"].to_numpy()
+    end = ops["end_ns"].to_numpy()
+    nested = np.zeros(len(ops), dtype=bool)
+    for t in np.unique(tid):
+        m = np.nonzero(tid == t)[0]
+        e = end[m]
+        prev_max = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], e[:-1])))
+        nested[m] = e <= prev_max
+    outer = ops[~nested]
+    st = steps["start_ns"].to_numpy(dtype=np.int64)
+    en = steps["end_ns"].to_numpy(dtype=np.int64)
+    types_col = outer["input_types"].to_numpy() if "input_types" in outer else [None] * len(outer)
+    for name, s, raw, traw in zip(outer["name"].to_numpy(), outer["start_ns"].to_numpy(), outer["input_dims"].to_numpy(), types_col):
+        pos = int(np.searchsorted(st, s, side="right")) - 1
+        if pos < 0 or s > en[pos]:
+            continue
+        dims = parse_input_dims(raw)
+        f = op_flops(name, dims)
+        if f is None:
+            continue
+        flops[pos] += f
+        count[pos] += 1
+        b = _op_bytes(dims, parse_input_dims(traw) if traw is not None else None, name)
+        if b:
+            nbytes[pos] += b
+    return flops, nbytes, count
+
+
+@dataclass
+class AttainmentInputs:
+    """What attainment needs besides the trace. Flags win over trace metadata."""
+
+    spec: ModelSpec | None = None
+    spec_source: str | None = None
+    peak: GpuPeak | None = None
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    batch: int | None = None
+    context: int | None = None
+    prompt_len: int | None = None
+    lm_head: str = "last"
+    notes: list[str] = field(default_factory=list)
+
+
+def _analytic_step(spec: ModelSpec, inp: AttainmentInputs, phase: str, batch, tokens, kv_tokens) -> tuple[float | None, float | None]:
+    """(flops, bytes) of one step from the model config, None where inputs are missing."""
+    wb = accounting.weight_bytes(spec, inp.weight_dtype)
+    kvb = accounting.kv_bytes_per_token(spec, inp.kv_dtype)
+    if phase == "decode":
+        if not batch:
+            return None, None
+        flops = 2 * spec.params_total * batch
+        if kv_tokens:
+            flops += 4 * spec.num_attention_heads * spec.head_dim * kv_tokens * spec.num_hidden_layers
+            return float(flops), float(wb + kv_tokens * kvb)
+        return float(flops), None
+    if phase == "prefill":
+        if not batch or not tokens:
+            return None, None
+        seq = max(1, tokens // batch)
+        pf = accounting.prefill_flops(spec, seq, batch, lm_head=inp.lm_head)
+        return float(pf.flops_total_causal), float(wb + tokens * kvb)
+    if phase == "mixed" and tokens:
+        flops = 2 * spec.params_total * tokens
+        by = wb + (tokens + (kv_tokens or 0)) * kvb
+        return float(flops), float(by)
+    return None, None
+
+
+def _val(v):
+    return None if v is None or pd.isna(v) else int(v)
+
+
+def _step_shape(r, phase: str, inp: AttainmentInputs) -> tuple[int | None, int | None, int | None]:
+    """(batch, tokens, kv_tokens) of a step: flags first, then the step's markers or shapes."""
+    batch, tokens, kv_tokens = _val(r.batch), _val(r.tokens), _val(r.kv_tokens)
+    if phase == "decode":
+        batch = inp.batch or batch
+        ctx = inp.context or _val(r.context)
+        if (kv_tokens is None or inp.context or inp.batch) and batch and ctx:
+            kv_tokens = batch * ctx
+    elif phase == "prefill":
+        batch = inp.batch or batch
+        if inp.prompt_len and batch:
+            tokens = inp.prompt_len * batch
+    return batch, tokens, kv_tokens
+
+
+def phase_attainment(phase: str, psteps: pd.DataFrame, inp: AttainmentInputs, graph_steps: np.ndarray) -> dict[str, Any]:
+    """Attainment numbers for one phase from its steps (columns of the step table plus
+    shape_flops, shape_bytes, shape_ops). ``graph_steps``: bool per step, kernels replayed from a graph."""
+    out: dict[str, Any] = {k: None for k in ("flops", "bytes", "achieved_tflops", "achieved_tbps", "mfu", "mbu",
+                                             "arithmetic_intensity", "bound", "bound_ratio", "peak_tflops", "peak_tbps")}
+    out["flops_source"] = None
+    out["bytes_source"] = None
+    missing: list[str] = []
+    if len(psteps) == 0:
+        out["attainment_missing"] = ["steps"]
+        return out
+    time_ns = psteps["wall_ns"].to_numpy(dtype=np.float64)
+    total_s = float(time_ns.sum()) / 1e9
+    step_flops = np.full(len(psteps), np.nan)
+    step_bytes = np.full(len(psteps), np.nan)
+    shape_ok = (psteps["shape_ops"].to_numpy() > 0) & ~graph_steps
+    if shape_ok.all():
+        step_flops[:] = psteps["shape_flops"].to_numpy(dtype=np.float64)
+        out["flops_source"] = "shapes"
+    for i, r in enumerate(psteps.itertuples(index=False)):
+        batch, tokens, kv_tokens = _step_shape(r, phase, inp)
+        if inp.spec is not None:
+            f, b = _analytic_step(inp.spec, inp, phase, batch, tokens, kv_tokens)
+            if np.isnan(step_flops[i]) and f is not None:
+                step_flops[i] = f
+            if b is not None:
+                step_bytes[i] = b
+    if inp.spec is not None and not np.isnan(step_bytes).any():
+        out["bytes_source"] = f"model config ({inp.spec_source})"
+    elif inp.spec is None and shape_ok.all() and (psteps["shape_bytes"].to_numpy() > 0).all():
+        step_bytes[:] = psteps["shape_bytes"].to_numpy(dtype=np.float64)
+        out["bytes_source"] = "operand sizes from shapes (no model config)"
+    if out["flops_source"] == "shapes" and inp.spec is not None:
+        model_flops = np.array([_analytic_step(inp.spec, inp, phase, *_step_shape(r, phase, inp))[0] or np.nan
+                                for r in psteps.itertuples(index=False)], dtype=np.float64)
+        if not np.isnan(model_flops).any() and model_flops.sum() > 0:
+            out["forward_coverage"] = round(float(step_flops.sum() / model_flops.sum()), 4)
+    if out["flops_source"] is None and not np.isnan(step_flops).any():
+        out["flops_source"] = f"model config ({inp.spec_source})"
+    if np.isnan(step_flops).any():
+        step_flops[:] = np.nan
+        if graph_steps.any():
+            missing.append("flops (kernels replayed from a CUDA graph carry no operator shapes; give --model-config)")
+        else:
+            missing.append("flops (no operator shapes; give --model-config)")
+    if np.isnan(step_bytes).any():
+        step_bytes[:] = np.nan
+        if inp.spec is None:
+            missing.append("bytes (no model config: give --model-config)")
+        else:
+            missing.append("bytes (batch/context unknown: give --batch and --context)")
+    flops = None if np.isnan(step_flops).any() else float(step_flops.sum())
+    nbytes = None if np.isnan(step_bytes).any() else float(step_bytes.sum())
+    out["flops"], out["bytes"] = flops, nbytes
+    if total_s > 0:
+        if flops is not None:
+            out["achieved_tflops"] = round(flops / total_s / 1e12, 6)
+        if nbytes is not None:
+            out["achieved_tbps"] = round(nbytes / total_s / 1e12, 6)
+    if flops is not None and nbytes:
+        out["arithmetic_intensity"] = round(flops / nbytes, 3)
+    peak = inp.peak
+    if peak is None:
+        missing.append("peak (device not in the GPU table: give --gpu or --peak-tflops/--bandwidth-tbps)")
+    else:
+        out["peak_tflops"] = peak.dense_fp16_tflops
+        out["peak_tbps"] = peak.memory_bandwidth_tbps
+        if out["achieved_tflops"] is not None and peak.dense_fp16_tflops:
+            out["mfu"] = round(out["achieved_tflops"] / peak.dense_fp16_tflops, 6)
+        if out["achieved_tbps"] is not None and peak.memory_bandwidth_tbps:
+            out["mbu"] = round(out["achieved_tbps"] / peak.memory_bandwidth_tbps, 6)
+        ridge = peak.ridge_flop_per_byte
+        if out["arithmetic_intensity"] is not None and ridge:
+            out["bound"] = "compute" if out["arithmetic_intensity"] >= ridge else "memory"
+        if peak.dense_fp16_tflops and peak.memory_bandwidth_tbps and flops is not None and nbytes is not None:
+            lower = np.maximum(step_flops / (peak.dense_fp16_tflops * 1e12), step_bytes / (peak.memory_bandwidth_tbps * 1e12))
+            if lower.sum() > 0:
+                out["bound_ratio"] = round(total_s / float(lower.sum()), 4)
+                out["bound_s"] = float(lower.sum())
+    out["attainment_missing"] = missing
+    return out
