@@ -84,9 +84,10 @@ def main() -> None:
               help="Extra step-marker regex for a phase (prefill, decode, mixed); repeatable.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the JSON report to this file.")
+@click.option("--lenient", is_flag=True, help="Repair numbers written with a decimal comma (a locale bug) instead of refusing the file.")
 @attainment_options
 @guarded
-def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_path: str | None, **att) -> None:
+def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_path: str | None, lenient: bool, **att) -> None:
     """Analyse one trace and print the report.
 
     Attainment (MFU, MBU, bound ratio) needs the device's peaks (resolved from the trace's
@@ -95,7 +96,7 @@ def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_pat
     """
     from diagnose.pipeline import run_analysis
 
-    analysis = run_analysis(trace_path, options=make_options(phase_regex, **att))
+    analysis = run_analysis(trace_path, options=make_options(phase_regex, **att), lenient=lenient)
     report = analysis.to_dict()
     if out_path or fmt == "json":
         from diagnose.report.jsonout import to_json

@@ -77,6 +77,7 @@ class PhaseFindings:
     gaps: dict[str, Any]
     top_kernels: list[dict[str, Any]]
     attainment: dict[str, Any] = field(default_factory=dict)
+    unreliable: list[str] = field(default_factory=list)  # names of numbers not to be trusted
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k != "attainment"}
@@ -244,6 +245,14 @@ def analyze(trace: Trace, options: Options | None = None) -> Analysis:
             n_launch = int(g.loc[g["launch_kind"] == "graph_launch", "correlation"].nunique())
             note("graph_kernels_no_launch", f"{graph_kernels} kernels replayed from {n_launch} graph launch(es): no per-kernel launch call; op-level attribution unavailable for them", graph_kernels)
 
+    launches_info = launch_stats(trace, g)
+    unreliable: list[str] = []
+    cov = launches_info["graph_coverage"]
+    if cov is not None and cov < GRAPH_COVERAGE_MIN:
+        unreliable = ["gpu_idle_share", "launch_gap_share"]
+        note("graph_coverage_low",
+             f"only {launches_info['graph_launches_with_activity']} of {launches_info['graph_launches']} graph launches have GPU activity in the trace "
+             f"(coverage {cov:.0%}): replayed kernels are missing, so idle and launch-gap numbers are unreliable")
     steps = step_table(steps, g)
     sf, sb, sc = step_shape_flops(trace, steps)
     steps["shape_flops"], steps["shape_bytes"], steps["shape_ops"] = sf, sb, sc
@@ -269,7 +278,9 @@ def analyze(trace: Trace, options: Options | None = None) -> Analysis:
         sub_all = g[g["device"] == dev] if dev is not None else g.iloc[0:0]
         dev_steps = steps if dev is None else steps[steps["device_activity_count"].apply(lambda m: dev in m)]
         all_wall = int(sub_all["end_ns"].max() - sub_all["start_ns"].min()) if len(sub_all) else _cpu_span_ns(trace)
-        phases.append(_phase_findings("all", dev, sub_all, len(steps), all_wall))
+        pf_all = _phase_findings("all", dev, sub_all, len(steps), all_wall)
+        pf_all.unreliable = list(unreliable)
+        phases.append(pf_all)
         for p in phase_names:
             ps = steps[steps["phase"] == p] if dev is None else dev_steps[dev_steps["phase"] == p]
             sub = sub_all[sub_all["phase"] == p]
@@ -282,6 +293,7 @@ def analyze(trace: Trace, options: Options | None = None) -> Analysis:
                 note("partial_forward", f"{p}: the operators in the step windows account for {cov:.0%} of the model config's FLOPs: the trace covers part of a forward, so bytes from the config overstate the work and MBU/bound_ratio are too high")
             if pf.attainment.get("achieved_tbps") and pf.attainment.get("peak_tbps") and pf.attainment["achieved_tbps"] > pf.attainment["peak_tbps"]:
                 note("bandwidth_above_peak", f"{p}: achieved {pf.attainment['achieved_tbps']:.2f} TB/s exceeds the device peak {pf.attainment['peak_tbps']:.2f} TB/s: wrong peak, wrong model config, or a timing without synchronisation (S7)")
+            pf.unreliable = list(unreliable)
             phases.append(pf)
         unk = sub_all[sub_all["phase"] == "unknown"]
         if len(unk):
@@ -299,10 +311,47 @@ def analyze(trace: Trace, options: Options | None = None) -> Analysis:
         metadata=trace.metadata,
         activities=g,
         extra={
+            "launches": launches_info,
             "gpu": _gpu_dict(att_inputs.peak),
             "model": _model_dict(att_inputs),
         },
     )
+
+
+GRAPH_COVERAGE_MIN = 0.9
+
+
+def launch_stats(trace: Trace, g: pd.DataFrame) -> dict[str, Any]:
+    """Host launch calls, graph launches, their fan-out and coverage.
+
+    ``host_launch_calls``: runtime calls named as launches plus any other call linked to GPU
+    work by correlation (vocabulary drift such as ``INVALID``). ``graph_coverage``: share of
+    graph launches with at least one GPU activity in the trace (None without graph launches).
+    """
+    rt = trace.runtime
+    if len(rt) == 0:
+        return {"host_launch_calls": 0, "graph_launches": 0, "graph_launches_with_activity": 0,
+                "graph_coverage": None, "kernels_per_graph_launch_max": None}
+    corr_with_gpu = set(g["correlation"].to_numpy().tolist()) if len(g) else set()
+    kinds = rt["api_kind"].to_numpy()
+    corr = rt["correlation"].to_numpy()
+    linked = np.fromiter((c in corr_with_gpu for c in corr), dtype=bool, count=len(rt)) & (corr >= 0)
+    is_launch = np.isin(kinds, ["launch", "graph_launch"]) | (linked & ~np.isin(kinds, ["memcpy", "memset"]))
+    graph = kinds == "graph_launch"
+    n_graph = int(graph.sum())
+    covered = int((graph & linked).sum())
+    fan = None
+    if n_graph and len(g):
+        gk = g[g["launch_kind"] == "graph_launch"]
+        if len(gk):
+            fan = int(gk.groupby("correlation").size().max())
+    return {
+        "host_launch_calls": int(is_launch.sum()),
+        "graph_launches": n_graph,
+        "graph_launches_with_activity": covered,
+        "graph_coverage": round(covered / n_graph, 6) if n_graph else None,
+        "kernels_per_graph_launch_max": fan,
+    }
 
 
 def _gpu_dict(peak) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ never materialised.
 from __future__ import annotations
 
 import gzip
+import re
 import zlib
 from typing import Any
 
@@ -106,7 +107,20 @@ def read_bytes(path: str) -> bytes:
     """Read a file, gunzipping it when it starts with the gzip magic.
 
     Raises:
-        TraceFormatError: missing/unreadable file or corrupt gzip stream.
+        TraceFormatError: missing/unreadable file, corrupt or truncated gzip stream.
+    """
+    data, cut = read_bytes_partial(path)
+    if cut:
+        raise TraceFormatError(f"{path}: {cut}")
+    return data
+
+
+def read_bytes_partial(path: str) -> tuple[bytes, str | None]:
+    """Like :func:`read_bytes`, but a gzip stream cut short returns what decompressed, plus a
+    description of the cut (None when the file is whole).
+
+    Raises:
+        TraceFormatError: missing/unreadable file, or gzip data that is corrupt (not just cut).
     """
     try:
         with open(path, "rb") as f:
@@ -117,12 +131,21 @@ def read_bytes(path: str) -> bytes:
         raise TraceFormatError(f"{path}: is a directory, expected a trace file") from None
     except OSError as e:
         raise TraceFormatError(f"{path}: cannot read ({e.strerror})") from None
-    if raw[:2] == b"\x1f\x8b":
+    if raw[:2] != b"\x1f\x8b":
+        return raw, None
+    try:
+        return gzip.decompress(raw), None
+    except EOFError:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         try:
-            return gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as e:
+            out = d.decompress(raw)
+        except zlib.error as e:
             raise TraceFormatError(f"{path}: corrupt gzip data ({e})") from None
-    return raw
+        if not out:
+            raise TraceFormatError(f"{path}: gzip stream cut before any data") from None
+        return out, f"gzip stream cut short after {len(raw):,} compressed bytes ({len(out):,} bytes recovered)"
+    except (OSError, zlib.error) as e:
+        raise TraceFormatError(f"{path}: corrupt gzip data ({e})") from None
 
 
 _FIELDS: dict[type, tuple] = {}
@@ -184,20 +207,111 @@ def _dur_to_ns(dur_us: np.ndarray) -> np.ndarray:
     return np.rint(dur_us * 1000.0).astype(np.int64)
 
 
-def _split_top(path: str, buf: bytes) -> tuple[dict[str, msgspec.Raw], bool]:
-    """Return (top-level keys -> raw values, legacy_list)."""
+_BYTE_POS = re.compile(r"\(byte (\d+)\)")
+# "key": 0,5 is never valid JSON (after a value and a comma an object needs a key string), so
+# a digit,digit right after a key's colon is a number written with a decimal comma.
+_DECIMAL_COMMA = re.compile(rb'("\s*:\s*-?\d+),(\d+)(?=\s*[,}\]])')
+_CONTROL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+_REPLACEMENT = "\ufffd".encode()
+
+
+def _where(buf: bytes, pos: int) -> str:
+    line = buf.count(b"\n", 0, pos) + 1
+    col = pos - (buf.rfind(b"\n", 0, pos) + 1) + 1
+    return f"byte {pos:,} (line {line}, column {col})"
+
+
+def _split_top(path: str, buf: bytes, lenient: bool = False) -> tuple[dict[str, msgspec.Raw], bool, bytes, list[tuple[str, str, int | None]]]:
+    """Return (top-level keys -> raw values, legacy_list, the bytes parsed, repairs made).
+
+    Repairs (always): invalid UTF-8 and raw control characters inside strings become U+FFFD.
+    Repairs (``lenient`` only): numbers written with a decimal comma inside event args.
+    A document cut short is parsed up to its last complete event (``truncated`` repair).
+
+    Raises:
+        TraceFormatError: empty, not JSON, or malformed in a way no repair covers.
+    """
+    repairs: list[tuple[str, str, int | None]] = []
     head = buf[:64].lstrip()
     if not head:
         raise TraceFormatError(f"{path}: empty file")
-    if head[:1] == b"[":
-        return {"traceEvents": msgspec.Raw(buf)}, True
-    if head[:1] != b"{":
+    if head[:1] not in (b"{", b"["):
         raise TraceFormatError(f"{path}: not a JSON trace (expected a Kineto/Chrome trace object)")
-    try:
-        top = msgspec.json.decode(buf, type=dict[str, msgspec.Raw])
-    except msgspec.DecodeError as e:
-        raise TraceFormatError(f"{path}: invalid JSON ({e})") from None
-    return top, False
+    for _attempt in range(4):
+        if head[:1] == b"[":
+            try:
+                msgspec.json.decode(buf)
+                return {"traceEvents": msgspec.Raw(buf)}, True, buf, repairs
+            except (msgspec.DecodeError, UnicodeDecodeError) as e:
+                err = e
+        else:
+            try:
+                return msgspec.json.decode(buf, type=dict[str, msgspec.Raw]), False, buf, repairs
+            except (msgspec.DecodeError, UnicodeDecodeError) as e:
+                err = e
+        msg = str(err)
+        if isinstance(err, UnicodeDecodeError) or "invalid character" in msg:
+            if any(r[0] == "text" for r in repairs):
+                break
+            fixed = _CONTROL.sub(_REPLACEMENT, buf.decode("utf-8", errors="replace").encode("utf-8"))
+            repairs.append(("text", "invalid UTF-8 bytes or raw control characters replaced by U+FFFD", None))
+            buf = fixed
+            continue
+        if "truncated" in msg:
+            recovered = _recover_truncated(buf)
+            if recovered is None:
+                raise TraceFormatError(f"{path}: JSON cut short and no complete event could be recovered") from None
+            top, n_cut = recovered
+            repairs.append(("truncated", f"JSON cut short: {len(buf) - n_cut:,} trailing bytes after the last complete event were dropped", n_cut))
+            return top, False, buf, repairs
+        m = _BYTE_POS.search(msg)
+        pos = int(m.group(1)) if m else None
+        window = buf[max(0, (pos or 0) - 40):(pos or 0) + 40] if pos is not None else b""
+        if pos is not None and _DECIMAL_COMMA.search(window):
+            if lenient and not any(r[0] == "decimal_comma" for r in repairs):
+                n = len(_DECIMAL_COMMA.findall(buf))
+                buf = _DECIMAL_COMMA.sub(rb"\1.\2", buf)
+                repairs.append(("decimal_comma", f"{n} number(s) written with a decimal comma repaired (--lenient)", n))
+                continue
+            raise TraceFormatError(
+                f"{path}: invalid JSON at {_where(buf, pos)}: a number written with a decimal comma "
+                f"(a locale bug in the exporter); rerun with --lenient to repair it"
+            ) from None
+        where = f" at {_where(buf, pos)}" if pos is not None else ""
+        raise TraceFormatError(f"{path}: invalid JSON{where} ({msg})") from None
+    raise TraceFormatError(f"{path}: invalid JSON ({err})") from None
+
+
+def _recover_truncated(buf: bytes, max_tries: int = 64) -> tuple[dict[str, msgspec.Raw], int] | None:
+    """Parse a Kineto document cut short: the keys before ``traceEvents`` and every complete
+    event. Returns (top-level raw values, bytes used) or None."""
+    k = buf.find(b'"traceEvents"')
+    if k < 0:
+        return None
+    lb = buf.find(b"[", k)
+    if lb < 0:
+        return None
+    top: dict[str, msgspec.Raw] = {}
+    head = buf[:k].rstrip().rstrip(b",").rstrip()
+    if head.startswith(b"{") and len(head) > 1:
+        try:
+            top = msgspec.json.decode(head + b"}", type=dict[str, msgspec.Raw])
+        except msgspec.DecodeError:
+            top = {}
+    end = len(buf)
+    for _ in range(max_tries):
+        end = buf.rfind(b"}", lb, end)
+        if end < 0:
+            break
+        candidate = buf[lb:end + 1] + b"]"
+        try:
+            msgspec.json.decode(candidate)
+        except msgspec.DecodeError:
+            continue
+        top["traceEvents"] = msgspec.Raw(candidate)
+        return top, end + 1
+    top["traceEvents"] = msgspec.Raw(b"[]")
+    return top, lb + 1
 
 
 def _decode_events(path: str, raw: msgspec.Raw) -> list:
@@ -212,12 +326,13 @@ def _decode_events(path: str, raw: msgspec.Raw) -> list:
         raise TraceFormatError(f"{path}: invalid JSON in traceEvents ({e})") from None
 
 
-def load_kineto(path: str, buf: bytes | None = None) -> Trace:
+def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False) -> Trace:
     """Load a Kineto JSON trace into the normalized :class:`Trace`.
 
     Args:
         path: trace path (``.json`` or ``.json.gz``; gzip is detected by content).
         buf: the already-decompressed bytes, when the caller has read them.
+        lenient: repair numbers written with a decimal comma (a locale bug) instead of failing.
 
     Returns:
         Trace with int64-ns frames; data-quality notes in ``trace.quality``.
@@ -226,9 +341,10 @@ def load_kineto(path: str, buf: bytes | None = None) -> Trace:
         TraceFormatError: unreadable file, corrupt gzip, invalid JSON, or JSON that is not a
             Chrome/Kineto trace (no ``traceEvents``).
     """
+    gz_cut = None
     if buf is None:
-        buf = read_bytes(path)
-    top, legacy = _split_top(path, buf)
+        buf, gz_cut = read_bytes_partial(path)
+    top, legacy, buf, repairs = _split_top(path, buf, lenient)
     if "traceEvents" not in top:
         raise TraceFormatError(
             f"{path}: JSON without 'traceEvents' — not a Kineto/Chrome trace"
@@ -249,6 +365,18 @@ def load_kineto(path: str, buf: bytes | None = None) -> Trace:
     base_ns = int(base_ns) if isinstance(base_ns, (int, float)) and not isinstance(base_ns, bool) else 0
 
     trace = Trace(source_path=path, source_format="kineto-json", metadata=metadata)
+    for code, msg, n in repairs:
+        if code == "truncated":
+            trace.partial = True
+            where = f"; {gz_cut}" if gz_cut else ""
+            trace.note("truncated", f"trace cut at byte {n:,} of {len(buf):,} (decompressed){where}: the complete events before it were analysed; every number is partial")
+        elif code == "decimal_comma":
+            trace.note("decimal_comma_repaired", msg, n)
+        elif code == "text":
+            trace.note("invalid_text_repaired", msg)
+    if gz_cut and not trace.partial:
+        trace.partial = True
+        trace.note("truncated", f"{gz_cut}: the events recovered were analysed; every number is partial")
     if legacy:
         trace.note("legacy_event_list", "legacy top-level JSON list of events (no trace metadata)")
 

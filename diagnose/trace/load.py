@@ -5,12 +5,18 @@ import os
 
 from diagnose.errors import TraceFormatError
 from diagnose.trace.model import Trace
+from diagnose.trace.normalize import normalize
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-def load_trace(path: str) -> Trace:
-    """Load ``path`` into a :class:`Trace`, choosing the loader from the file's first bytes.
+def load_trace(path: str, lenient: bool = False) -> Trace:
+    """Load ``path`` into a :class:`Trace`, choosing the loader from the file's first bytes,
+    then apply the shared normalization (:mod:`diagnose.trace.normalize`).
+
+    Args:
+        path: Kineto JSON (.json/.json.gz), nsys SQLite, or .nsys-rep.
+        lenient: Kineto only: repair numbers written with a decimal comma.
 
     Raises:
         TraceFormatError: the file is missing, unreadable, or in no supported format.
@@ -27,11 +33,13 @@ def load_trace(path: str) -> Trace:
     if head.startswith(_SQLITE_MAGIC):
         from diagnose.trace.nsys import load_nsys_sqlite
 
-        return load_nsys_sqlite(path)
-    if path.endswith(".nsys-rep") or path.endswith(".qdrep"):
+        trace = load_nsys_sqlite(path)
+    elif path.endswith(".nsys-rep") or path.endswith(".qdrep"):
         from diagnose.trace.nsys import load_nsys_rep
 
-        return load_nsys_rep(path)
-    from diagnose.trace.kineto import load_kineto
+        trace = load_nsys_rep(path)
+    else:
+        from diagnose.trace.kineto import load_kineto
 
-    return load_kineto(path)
+        trace = load_kineto(path, lenient=lenient)
+    return normalize(trace)

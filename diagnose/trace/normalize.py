@@ -1,0 +1,58 @@
+"""Post-load normalization shared by every loader (Kineto, nsys): one place where suspect
+timestamps are excluded or clipped, each reported in ``trace.quality``.
+
+* **Outside the trace window** — an activity more than 24 h from the median GPU start (e.g.
+  a kernel with ``ts`` 0 in an epoch-based trace) is excluded, so the window is not 50 years
+  long (code ``outside_trace_window``).
+* **Deferred completion** — an activity whose end runs more than 1 ms past the start of the
+  next activity on its stream (a completion timestamp recorded late) is clipped to that start;
+  the time removed is reported (``deferred_completion_clipped``). Smaller overlaps on one
+  stream are real (programmatic dependent launch, PDL): kept, counted (``same_stream_overlap``),
+  and busy time stays a union.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from diagnose.trace.model import Trace
+
+OUTLIER_NS = 24 * 3600 * 10**9
+CLIP_OVERLAP_NS = 1_000_000
+
+
+def normalize(trace: Trace) -> Trace:
+    """Apply the rules above to ``trace`` in place and return it."""
+    g = trace.gpu
+    if len(g) == 0:
+        return trace
+    med = int(np.median(g["start_ns"].to_numpy()))
+    for attr in ("gpu", "runtime", "annotations", "gpu_syncs"):
+        f = getattr(trace, attr)
+        if len(f) == 0:
+            continue
+        far = (f["start_ns"] - med).abs().to_numpy() > OUTLIER_NS
+        if far.any():
+            n = int(far.sum())
+            setattr(trace, attr, f[~far].reset_index(drop=True))
+            trace.note(f"outside_trace_window", f"{n} event(s) more than 24 h away from the trace's other GPU activity (e.g. ts 0) were excluded", n)
+    g = trace.gpu.sort_values(["device", "stream", "start_ns", "end_ns"], kind="stable")
+    same = (g["device"].to_numpy()[1:] == g["device"].to_numpy()[:-1]) & (g["stream"].to_numpy()[1:] == g["stream"].to_numpy()[:-1])
+    start = g["start_ns"].to_numpy()
+    end = g["end_ns"].to_numpy().copy()
+    overlap = np.zeros(len(g), dtype=np.int64)
+    overlap[:-1] = np.where(same, end[:-1] - start[1:], 0)
+    big = overlap > CLIP_OVERLAP_NS
+    small = (overlap > 0) & ~big
+    if big.any():
+        removed = int(overlap[big].sum())
+        end[:-1][big[:-1]] = np.maximum(start[:-1][big[:-1]], start[1:][big[:-1]])
+        g = g.assign(end_ns=end)
+        trace.note("deferred_completion_clipped",
+                   f"{int(big.sum())} activit(y/ies) ended more than 1 ms after the next one on their stream started (late completion timestamp): clipped, {removed / 1e6:.3f} ms removed",
+                   int(big.sum()))
+    if small.any():
+        trace.note("same_stream_overlap",
+                   f"{int(small.sum())} activit(y/ies) overlap the next one on their stream by up to 1 ms (programmatic dependent launch): kept; busy time counts the union",
+                   int(small.sum()))
+    trace.gpu = g.sort_values(["device", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
+    return trace
