@@ -39,7 +39,6 @@ def union_busy_ns(start_ns: np.ndarray, end_ns: np.ndarray) -> int:
     new_block = s > prev_max
     new_block[0] = True
     block_id = np.cumsum(new_block) - 1
-    n = block_id[-1] + 1
     block_start = s[new_block]
     block_end = block_start.astype(np.int64, copy=True)
     np.maximum.at(block_end, block_id, e)

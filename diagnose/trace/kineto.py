@@ -40,6 +40,36 @@ from diagnose.trace.model import (
 )
 
 
+class _Args(msgspec.Struct, gc=False):
+    """The ``args`` fields the analysis uses, decoded inline (unknown keys are skipped in C)."""
+
+    # Any: exporters sometimes write these as strings (e.g. memory events' "bytes"); one odd
+    # value must not push the whole file onto the slow path. Coerced with _int() when read.
+    device: Any = None
+    stream: Any = None
+    correlation: Any = None
+    external_id: Any = msgspec.field(default=None, name="External id")
+    external_id_legacy: Any = msgspec.field(default=None, name="external id")
+    bytes: Any = None
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+
+
+def _int(v: Any, default: int = -1) -> int:
+    if type(v) is int:
+        return v
+    if v is None or isinstance(v, bool):
+        return default
+    if isinstance(v, float):
+        return int(v) if v == v else default
+    if isinstance(v, str):
+        try:
+            return int(float(v))
+        except ValueError:
+            return default
+    return default
+
+
 class _Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str = ""
@@ -48,7 +78,7 @@ class _Event(msgspec.Struct, gc=False):
     dur: float | None = None
     pid: int | str | None = None
     tid: int | str | None = None
-    args: msgspec.Raw = msgspec.Raw()
+    args: _Args | None = None
 
 
 class _LooseEvent(msgspec.Struct, gc=False):
@@ -64,42 +94,6 @@ class _LooseEvent(msgspec.Struct, gc=False):
     args: msgspec.Raw = msgspec.Raw()
 
 
-class _GpuArgs(msgspec.Struct, gc=False):
-    device: int | None = None
-    stream: int | None = None
-    correlation: int | None = None
-    external_id: int | None = msgspec.field(default=None, name="External id")
-    external_id_legacy: int | None = msgspec.field(default=None, name="external id")
-    bytes: int | None = None
-
-
-class _RuntimeArgs(msgspec.Struct, gc=False):
-    correlation: int | None = None
-
-
-class _OpArgs(msgspec.Struct, gc=False):
-    external_id: int | None = msgspec.field(default=None, name="External id")
-    external_id_legacy: int | None = msgspec.field(default=None, name="external id")
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
-    input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
-    device: int | None = None
-
-
-_GPU_KIND = {
-    "kernel": "kernel",
-    "gpu_memcpy": "memcpy",
-    "memcpy": "memcpy",
-    "gpu_memset": "memset",
-    "memset": "memset",
-}
-_RUNTIME_CATS = {"cuda_runtime", "runtime", "cuda_driver", "driver"}
-_OP_CATS = {"cpu_op", "operator"}
-_ANNOTATION_CATS = {"user_annotation": "cpu", "gpu_user_annotation": "gpu"}
-_SYNC_CATS = {"cuda_sync"}
-
-_gpu_args_dec = msgspec.json.Decoder(_GpuArgs)
-_rt_args_dec = msgspec.json.Decoder(_RuntimeArgs)
-_op_args_dec = msgspec.json.Decoder(_OpArgs)
 _any_dec = msgspec.json.Decoder()
 
 
@@ -148,38 +142,55 @@ def read_bytes_partial(path: str) -> tuple[bytes, str | None]:
         raise TraceFormatError(f"{path}: corrupt gzip data ({e})") from None
 
 
-_FIELDS: dict[type, tuple] = {}
-
-
-def _fields(cls: type) -> tuple:
-    if cls not in _FIELDS:
-        _FIELDS[cls] = msgspec.structs.fields(cls)
-    return _FIELDS[cls]
-
-
-def _decode_args(dec: msgspec.json.Decoder, raw: msgspec.Raw | None, loose_cls: type):
+def _coerce_args(raw: msgspec.Raw) -> _Args | None:
+    """Args of a loose event: take what can be read as the fields of :class:`_Args`."""
     if not raw:
-        return loose_cls()
+        return None
     try:
-        return dec.decode(raw)
-    except msgspec.ValidationError:
-        # Odd types inside args (e.g. a stream id written as a string): coerce what we can.
         obj = _any_dec.decode(raw)
-        if not isinstance(obj, dict):
-            return loose_cls()
-        kw = {}
-        for f in _fields(loose_cls):
-            v = obj.get(f.encode_name)
-            if v is None:
-                continue
-            if f.name in ("input_dims", "input_types"):
-                kw[f.name] = msgspec.Raw(msgspec.json.encode(v))
-                continue
-            try:
-                kw[f.name] = int(float(v))
-            except (TypeError, ValueError):
-                pass
-        return loose_cls(**kw)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    kw: dict[str, Any] = {}
+    for f in msgspec.structs.fields(_Args):
+        v = obj.get(f.encode_name)
+        if v is None:
+            continue
+        if f.name in ("input_dims", "input_types"):
+            kw[f.name] = msgspec.Raw(msgspec.json.encode(v))
+            continue
+        try:
+            kw[f.name] = int(float(v))
+        except (TypeError, ValueError):
+            pass
+    return _Args(**kw)
+
+
+def _coerce_event(ev: _LooseEvent) -> _Event:
+    def num(v):
+        if isinstance(v, bool):
+            return None
+        if isinstance(v, (int, float)):
+            return float(v)
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            return None
+
+    def pt(v):
+        return v if isinstance(v, (int, str)) and not isinstance(v, bool) else None
+
+    return _Event(
+        ph=ev.ph if isinstance(ev.ph, str) else str(ev.ph),
+        cat=ev.cat if isinstance(ev.cat, str) else str(ev.cat),
+        name=ev.name if isinstance(ev.name, str) else str(ev.name),
+        ts=num(ev.ts),
+        dur=num(ev.dur),
+        pid=pt(ev.pid),
+        tid=pt(ev.tid),
+        args=_coerce_args(ev.args),
+    )
 
 
 def _as_int(v: Any, default: int = -1) -> int:
@@ -314,16 +325,111 @@ def _recover_truncated(buf: bytes, max_tries: int = 64) -> tuple[dict[str, msgsp
     return top, lb + 1
 
 
-def _decode_events(path: str, raw: msgspec.Raw) -> list:
+def _decode_events(path: str, raw: msgspec.Raw) -> list[_Event]:
     try:
         return msgspec.json.decode(raw, type=list[_Event])
     except msgspec.ValidationError:
         try:
-            return msgspec.json.decode(raw, type=list[_LooseEvent])
+            loose = msgspec.json.decode(raw, type=list[_LooseEvent])
         except msgspec.ValidationError as e:
             raise TraceFormatError(f"{path}: traceEvents is not a list of events ({e})") from None
+        return [_coerce_event(ev) for ev in loose]
     except msgspec.DecodeError as e:
         raise TraceFormatError(f"{path}: invalid JSON in traceEvents ({e})") from None
+
+
+# category (any case) -> bucket; everything else (python_function, flows, instants...) is skipped
+_CAT_BUCKET = {
+    "kernel": "kernel", "gpu_memcpy": "memcpy", "memcpy": "memcpy", "gpu_memset": "memset", "memset": "memset",
+    "cuda_runtime": "runtime", "runtime": "runtime", "cuda_driver": "runtime", "driver": "runtime",
+    "cpu_op": "op", "operator": "op",
+    "user_annotation": "ann_cpu", "gpu_user_annotation": "ann_gpu",
+    "cuda_sync": "sync",
+}
+
+
+def _bucket(events: list[_Event]) -> dict[str, list[_Event]]:
+    buckets: dict[str, list[_Event]] = {k: [] for k in set(_CAT_BUCKET.values())}
+    cache: dict[str, str] = {}
+    for ev in events:
+        if ev.ph != "X":
+            continue
+        c = ev.cat
+        k = cache.get(c)
+        if k is None:
+            k = cache[c] = _CAT_BUCKET.get(c.lower(), "")
+        if k:
+            buckets[k].append(ev)
+    return buckets
+
+
+_NAN = float("nan")
+
+
+def _times(evs: list[_Event], base_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(keep mask, start_ns, end_ns): drops events without ts and with a negative dur."""
+    ts = np.array([_NAN if e.ts is None else e.ts for e in evs], dtype=np.float64)
+    dur = np.array([0.0 if e.dur is None else e.dur for e in evs], dtype=np.float64)
+    keep = ~np.isnan(ts) & ~(dur < 0)
+    dur = np.where(np.isnan(dur), 0.0, dur)
+    start = _us_to_ns(np.where(keep, ts, 0.0), base_ns)
+    return keep, start, start + _dur_to_ns(np.where(keep, dur, 0.0))
+
+
+def _arg(evs: list[_Event], field: str, default: int = -1) -> list[int]:
+    out = []
+    for e in evs:
+        a = e.args
+        v = None if a is None else getattr(a, field)
+        out.append(v if type(v) is int else _int(v, default))
+    return out
+
+
+def _ext_ids(evs: list[_Event]) -> list[int]:
+    out = []
+    for e in evs:
+        a = e.args
+        if a is None:
+            out.append(-1)
+        else:
+            out.append(_int(a.external_id if a.external_id is not None else a.external_id_legacy))
+    return out
+
+
+def _gpu_columns(evs: list[_Event], kind: str, base_ns: int) -> tuple[dict, np.ndarray]:
+    keep, start, end = _times(evs, base_ns)
+    names = [e.name for e in evs]
+    kinds = [kind] * len(evs)
+    if kind == "kernel":
+        # ROCm <= 7.1 reports copies/fills as kernels; 7.2 as gpu_memcpy/gpu_memset.
+        for i, n in enumerate(names):
+            if n.startswith("__amd_rocclr_"):
+                low = n.lower()
+                kinds[i] = "memcpy" if "copy" in low else "memset" if "fill" in low else "kernel"
+    device = [_int(e.args.device, -2) if e.args is not None else -2 for e in evs]
+    device = [d if d != -2 else _as_int(e.pid, 0) for d, e in zip(device, evs)]
+    stream = [_int(e.args.stream, -2) if e.args is not None else -2 for e in evs]
+    stream = [st if st != -2 else _as_int(e.tid, 0) for st, e in zip(stream, evs)]
+    d = {"kind": kinds, "name": names, "device": device, "stream": stream, "start_ns": start, "end_ns": end,
+         "correlation": _arg(evs, "correlation"), "external_id": _ext_ids(evs), "bytes": _arg(evs, "bytes")}
+    return d, keep
+
+
+def _select(d: dict, keep: np.ndarray) -> dict:
+    if keep.all():
+        return d
+    idx = np.nonzero(keep)[0]
+    return {k: (v[keep] if isinstance(v, np.ndarray) else [v[i] for i in idx]) for k, v in d.items()}
+
+
+def _concat(parts: list[dict]) -> dict:
+    if len(parts) == 1:
+        return parts[0]
+    out = {}
+    for k in parts[0]:
+        vals = [p[k] for p in parts]
+        out[k] = np.concatenate(vals) if isinstance(vals[0], np.ndarray) else [x for v in vals for x in v]
+    return out
 
 
 def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False) -> Trace:
@@ -380,123 +486,61 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False) -> T
     if legacy:
         trace.note("legacy_event_list", "legacy top-level JSON list of events (no trace metadata)")
 
-    g = {k: [] for k in ("kind", "name", "device", "stream", "ts", "dur", "correlation", "external_id", "bytes")}
-    r = {k: [] for k in ("name", "ts", "dur", "correlation", "pid", "tid")}
-    o = {k: [] for k in ("name", "ts", "dur", "external_id", "tid", "input_dims", "input_types")}
-    a = {k: [] for k in ("name", "scope", "device", "ts", "dur", "pid", "tid")}
-    s = {k: [] for k in ("name", "device", "stream", "ts", "dur")}
-    negative = 0
-    no_ts = 0
-    bad_name = 0
-
-    for ev in events:
-        if ev.ph != "X":
-            continue
-        cat = ev.cat if isinstance(ev.cat, str) else str(ev.cat)
-        lc = cat.lower()
-        kind = _GPU_KIND.get(lc)
-        is_rt = lc in _RUNTIME_CATS
-        is_op = lc in _OP_CATS
-        scope = _ANNOTATION_CATS.get(lc)
-        is_sync = lc in _SYNC_CATS
-        if kind is None and not (is_rt or is_op or scope or is_sync):
-            continue
-        ts, dur = ev.ts, ev.dur
-        if not isinstance(ts, (int, float)) or isinstance(ts, bool):
-            try:
-                ts = float(ts)
-            except (TypeError, ValueError):
-                no_ts += 1
-                continue
-        if dur is None:
-            dur = 0.0
-        elif not isinstance(dur, (int, float)):
-            try:
-                dur = float(dur)
-            except (TypeError, ValueError):
-                dur = 0.0
-        if dur < 0:
-            negative += 1
-            continue
-        name = ev.name if isinstance(ev.name, str) else str(ev.name)
-        if "\ufffd" in name:
-            bad_name += 1
-        if kind is not None:
-            ga = _decode_args(_gpu_args_dec, ev.args, _GpuArgs)
-            if kind == "kernel" and name.startswith("__amd_rocclr_"):
-                # ROCm <= 7.1 reports copies/fills as kernels; 7.2 as gpu_memcpy/gpu_memset.
-                low = name.lower()
-                if "copy" in low:
-                    kind = "memcpy"
-                elif "fill" in low:
-                    kind = "memset"
-            g["kind"].append(kind)
-            g["name"].append(name)
-            g["device"].append(ga.device if ga.device is not None else _as_int(ev.pid, 0))
-            g["stream"].append(ga.stream if ga.stream is not None else _as_int(ev.tid, 0))
-            g["ts"].append(ts)
-            g["dur"].append(dur)
-            g["correlation"].append(ga.correlation if ga.correlation is not None else -1)
-            ext = ga.external_id if ga.external_id is not None else ga.external_id_legacy
-            g["external_id"].append(ext if ext is not None else -1)
-            g["bytes"].append(ga.bytes if ga.bytes is not None else -1)
-        elif is_rt:
-            ra = _decode_args(_rt_args_dec, ev.args, _RuntimeArgs)
-            r["name"].append(name)
-            r["ts"].append(ts)
-            r["dur"].append(dur)
-            r["correlation"].append(ra.correlation if ra.correlation is not None else -1)
-            r["pid"].append(_as_int(ev.pid))
-            r["tid"].append(_as_int(ev.tid))
-        elif is_op:
-            oa = _decode_args(_op_args_dec, ev.args, _OpArgs)
-            o["name"].append(name)
-            o["ts"].append(ts)
-            o["dur"].append(dur)
-            ext = oa.external_id if oa.external_id is not None else oa.external_id_legacy
-            o["external_id"].append(ext if ext is not None else -1)
-            o["tid"].append(_as_int(ev.tid))
-            o["input_dims"].append(oa.input_dims if oa.input_dims else None)
-            o["input_types"].append(oa.input_types if oa.input_types else None)
-        elif scope is not None:
-            a["name"].append(name)
-            a["scope"].append(scope)
-            a["device"].append(_as_int(ev.pid) if scope == "gpu" else -1)
-            a["ts"].append(ts)
-            a["dur"].append(dur)
-            a["pid"].append(_as_int(ev.pid))
-            a["tid"].append(_as_int(ev.tid))
-        else:
-            ga = _decode_args(_gpu_args_dec, ev.args, _GpuArgs)
-            s["name"].append(name)
-            s["device"].append(ga.device if ga.device is not None else _as_int(ev.pid, 0))
-            s["stream"].append(ga.stream if ga.stream is not None else _as_int(ev.tid, 0))
-            s["ts"].append(ts)
-            s["dur"].append(dur)
+    buckets = _bucket(events)
     del events
+    dropped = 0
 
-    def times(d: dict) -> dict:
-        ts = np.asarray(d.pop("ts"), dtype=np.float64)
-        dur = np.asarray(d.pop("dur"), dtype=np.float64)
-        start = _us_to_ns(ts, base_ns)
-        d["start_ns"] = start
-        d["end_ns"] = start + _dur_to_ns(dur)
-        return d
+    gparts = []
+    for kind in ("kernel", "memcpy", "memset"):
+        if buckets[kind]:
+            d, keep = _gpu_columns(buckets[kind], kind, base_ns)
+            dropped += int((~keep).sum())
+            gparts.append(_select(d, keep))
+    if gparts:
+        trace.gpu = frame(GPU_COLUMNS, _concat(gparts)).sort_values(["device", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
 
-    if g["kind"]:
-        gd = times(g)
-        trace.gpu = frame(GPU_COLUMNS, gd).sort_values(["device", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
-    if r["name"]:
-        rd = times(r)
-        rd["api_kind"] = [api_kind(n) for n in rd["name"]]
-        trace.runtime = frame(RUNTIME_COLUMNS, rd).sort_values("start_ns", kind="stable").reset_index(drop=True)
-    if o["name"]:
-        od = times(o)
-        trace.cpu_ops = frame(CPU_OP_COLUMNS, od)
-    if a["name"]:
-        trace.annotations = frame(ANNOTATION_COLUMNS, times(a)).sort_values("start_ns", kind="stable").reset_index(drop=True)
-    if s["name"]:
-        trace.gpu_syncs = frame(SYNC_COLUMNS, times(s))
+    evs = buckets["runtime"]
+    if evs:
+        keep, start, end = _times(evs, base_ns)
+        dropped += int((~keep).sum())
+        names = [e.name for e in evs]
+        d = {"name": names, "api_kind": [api_kind(n) for n in names], "start_ns": start, "end_ns": end,
+             "correlation": _arg(evs, "correlation"), "pid": [_as_int(e.pid) for e in evs], "tid": [_as_int(e.tid) for e in evs]}
+        trace.runtime = frame(RUNTIME_COLUMNS, _select(d, keep)).sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+    evs = buckets["op"]
+    if evs:
+        keep, start, end = _times(evs, base_ns)
+        dropped += int((~keep).sum())
+        d = {"name": [e.name for e in evs], "start_ns": start, "end_ns": end,
+             "external_id": _ext_ids(evs),
+             "tid": [_as_int(e.tid) for e in evs],
+             "input_dims": [e.args.input_dims if e.args is not None and e.args.input_dims else None for e in evs],
+             "input_types": [e.args.input_types if e.args is not None and e.args.input_types else None for e in evs]}
+        trace.cpu_ops = frame(CPU_OP_COLUMNS, _select(d, keep))
+
+    aparts = []
+    for bucket, scope in (("ann_cpu", "cpu"), ("ann_gpu", "gpu")):
+        evs = buckets[bucket]
+        if evs:
+            keep, start, end = _times(evs, base_ns)
+            dropped += int((~keep).sum())
+            pids = [_as_int(e.pid) for e in evs]
+            d = {"name": [e.name for e in evs], "scope": [scope] * len(evs), "device": pids if scope == "gpu" else [-1] * len(evs),
+                 "start_ns": start, "end_ns": end, "pid": pids, "tid": [_as_int(e.tid) for e in evs]}
+            aparts.append(_select(d, keep))
+    if aparts:
+        trace.annotations = frame(ANNOTATION_COLUMNS, _concat(aparts)).sort_values("start_ns", kind="stable").reset_index(drop=True)
+
+    evs = buckets["sync"]
+    if evs:
+        keep, start, end = _times(evs, base_ns)
+        d = {"name": [e.name for e in evs], "device": _arg(evs, "device", 0), "stream": _arg(evs, "stream", 0), "start_ns": start, "end_ns": end}
+        trace.gpu_syncs = frame(SYNC_COLUMNS, _select(d, keep))
+
+    negative = sum(1 for k in buckets.values() for e in k if e.dur is not None and e.dur < 0)
+    no_ts = dropped - negative
+    bad_name = sum(1 for k in buckets.values() for e in k if "\ufffd" in e.name)
 
     trace.devices = _devices(metadata.get("deviceProperties"))
     if negative:

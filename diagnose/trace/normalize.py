@@ -34,7 +34,7 @@ def normalize(trace: Trace) -> Trace:
         if far.any():
             n = int(far.sum())
             setattr(trace, attr, f[~far].reset_index(drop=True))
-            trace.note(f"outside_trace_window", f"{n} event(s) more than 24 h away from the trace's other GPU activity (e.g. ts 0) were excluded", n)
+            trace.note("outside_trace_window", f"{n} event(s) more than 24 h away from the trace's other GPU activity (e.g. ts 0) were excluded", n)
     g = trace.gpu.sort_values(["device", "stream", "start_ns", "end_ns"], kind="stable")
     same = (g["device"].to_numpy()[1:] == g["device"].to_numpy()[:-1]) & (g["stream"].to_numpy()[1:] == g["stream"].to_numpy()[:-1])
     start = g["start_ns"].to_numpy()

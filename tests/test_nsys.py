@@ -1,0 +1,465 @@
+"""Tests for the Nsight Systems SQLite / .nsys-rep loader (diagnose.trace.nsys)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sqlite3
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diagnose.errors import TraceFormatError
+from diagnose.trace import nsys
+from diagnose.trace.model import ANNOTATION_COLUMNS, GPU_COLUMNS, RUNTIME_COLUMNS
+from diagnose.trace.nsys import load_nsys_rep, load_nsys_sqlite
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+REAL = {
+    # dir: (kernels, kernel ns, runtime rows, NVTX ranges, export schema)
+    "64ee035": (19, 393_539, 968, 652, "3.16.1"),
+    "ee4fcf3": (18, 10_167_602, 990, 13_513, "3.17.1"),
+}
+
+# ---------------------------------------------------------------- fixture builder
+# Column names are the real ones from the 3.16.1 / 3.17.1 exports (subset).
+SCHEMA = {
+    "StringIds": "id INTEGER PRIMARY KEY, value TEXT NOT NULL",
+    "CUPTI_ACTIVITY_KIND_KERNEL": (
+        "start INTEGER NOT NULL, end INTEGER NOT NULL, deviceId INTEGER NOT NULL, "
+        "contextId INTEGER, streamId INTEGER NOT NULL, correlationId INTEGER, globalPid INTEGER, "
+        "demangledName INTEGER NOT NULL, shortName INTEGER NOT NULL, mangledName INTEGER, "
+        "graphNodeId INTEGER"
+    ),
+    "CUPTI_ACTIVITY_KIND_RUNTIME": (
+        "start INTEGER NOT NULL, end INTEGER NOT NULL, eventClass INTEGER NOT NULL, "
+        "globalTid INTEGER, correlationId INTEGER, nameId INTEGER NOT NULL, returnValue INTEGER, "
+        "callchainId INTEGER"
+    ),
+    "CUPTI_ACTIVITY_KIND_GRAPH_TRACE": (
+        "start INTEGER NOT NULL, end INTEGER NOT NULL, deviceId INTEGER NOT NULL, "
+        "contextId INTEGER, greenContextId INTEGER, streamId INTEGER NOT NULL, "
+        "correlationId INTEGER, globalPid INTEGER, graphId INTEGER, graphExecId INTEGER"
+    ),
+    "NVTX": (
+        "start INTEGER NOT NULL, end INTEGER, eventType INTEGER NOT NULL, rangeId INTEGER, "
+        "category INTEGER, color INTEGER, text TEXT, globalTid INTEGER, endGlobalTid INTEGER, "
+        "textId INTEGER, domainId INTEGER"
+    ),
+    "TARGET_INFO_GPU": (
+        "vmId INTEGER, id INTEGER NOT NULL, name TEXT, totalMemory INTEGER, smCount INTEGER, "
+        "computeMajor INTEGER, computeMinor INTEGER"
+    ),
+}
+
+
+def gtid(pid: int, tid: int) -> int:
+    """nsys globalTid layout: vm/host bits above 48, pid in bits 24..47, tid in 0..23."""
+    return (1 << 48) | (pid << 24) | tid
+
+
+def make_db(
+    path: Path,
+    *,
+    strings: dict[int, str] | None = None,
+    kernels: list[tuple] | None = None,
+    runtime: list[tuple] | None = None,
+    graphs: list[tuple] | None = None,
+    nvtx: list[tuple] | None = None,
+    nvtx_table: str = "NVTX_EVENTS",
+    gpus: list[tuple] | None = None,
+    driver: list[tuple] | None = None,
+) -> Path:
+    """Create an nsys-like SQLite file holding only the tables given (None = table absent).
+
+    kernels: (start, end, deviceId, streamId, correlationId, globalPid, demangledName, shortName)
+    runtime, driver: (start, end, globalTid, correlationId, nameId)
+    graphs: (start, end, deviceId, streamId, correlationId, globalPid, graphId)
+    nvtx: (start, end, eventType, text, globalTid, textId)
+    gpus: (id, name, totalMemory, smCount, computeMajor, computeMinor)
+    """
+    con = sqlite3.connect(path)
+    con.execute(f"CREATE TABLE StringIds ({SCHEMA['StringIds']})")
+    con.executemany("INSERT INTO StringIds VALUES (?, ?)", sorted((strings or {}).items()))
+    if kernels is not None:
+        con.execute(f"CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL ({SCHEMA['CUPTI_ACTIVITY_KIND_KERNEL']})")
+        con.executemany(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, streamId, correlationId, "
+            "globalPid, demangledName, shortName) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            kernels,
+        )
+    if runtime is not None:
+        con.execute(f"CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME ({SCHEMA['CUPTI_ACTIVITY_KIND_RUNTIME']})")
+        con.executemany(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, correlationId, "
+            "nameId) VALUES (?, ?, 0, ?, ?, ?)",
+            runtime,
+        )
+    if driver is not None:  # same columns as the runtime table
+        con.execute(f"CREATE TABLE CUPTI_ACTIVITY_KIND_DRIVER ({SCHEMA['CUPTI_ACTIVITY_KIND_RUNTIME']})")
+        con.executemany(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_DRIVER (start, end, eventClass, globalTid, correlationId, "
+            "nameId) VALUES (?, ?, 1, ?, ?, ?)",
+            driver,
+        )
+    if graphs is not None:
+        con.execute(f"CREATE TABLE CUPTI_ACTIVITY_KIND_GRAPH_TRACE ({SCHEMA['CUPTI_ACTIVITY_KIND_GRAPH_TRACE']})")
+        con.executemany(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_GRAPH_TRACE (start, end, deviceId, streamId, correlationId, "
+            "globalPid, graphId) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            graphs,
+        )
+    if nvtx is not None:
+        con.execute(f"CREATE TABLE {nvtx_table} ({SCHEMA['NVTX']})")
+        con.executemany(
+            f"INSERT INTO {nvtx_table} (start, end, eventType, text, globalTid, textId) VALUES (?, ?, ?, ?, ?, ?)",
+            nvtx,
+        )
+    if gpus is not None:
+        con.execute(f"CREATE TABLE TARGET_INFO_GPU ({SCHEMA['TARGET_INFO_GPU']})")
+        con.executemany(
+            "INSERT INTO TARGET_INFO_GPU (vmId, id, name, totalMemory, smCount, computeMajor, computeMinor) "
+            "VALUES (281474976710656, ?, ?, ?, ?, ?, ?)",
+            gpus,
+        )
+    con.commit()
+    con.close()
+    return path
+
+
+PID, TID = 4242, 4243
+GPID = (1 << 48) | (PID << 24)
+H200 = (0, "NVIDIA H200", 150_137_864_192, 132, 9, 0)
+
+
+def codes(trace) -> dict[str, object]:
+    return {q.code: q for q in trace.quality}
+
+
+def assert_contract(trace) -> None:
+    for df, cols in ((trace.gpu, GPU_COLUMNS), (trace.runtime, RUNTIME_COLUMNS), (trace.annotations, ANNOTATION_COLUMNS)):
+        assert list(df.columns) == list(cols)
+        assert {c: str(t) for c, t in df.dtypes.items()} == cols
+    assert (trace.gpu["end_ns"] >= trace.gpu["start_ns"]).all()
+
+
+# ---------------------------------------------------------------- real exports
+
+
+def real_path(name: str) -> Path:
+    p = TRACES / "nvfuser" / name / "report1.sqlite"
+    if not TRACES.is_dir():
+        pytest.skip(f"{TRACES} absent")
+    if not p.is_file():
+        pytest.skip(f"{p} absent")
+    return p
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_real_export_matches_sql(name: str) -> None:
+    path = real_path(name)
+    n_kernels, kernel_ns, n_runtime, n_nvtx, schema = REAL[name]
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+
+    trace = load_nsys_sqlite(str(path))
+
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    sql_k, sql_k_ns = con.execute("SELECT count(*), sum(end - start) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
+    sql_rt = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
+    sql_cp, sql_cp_bytes = con.execute("SELECT count(*), sum(bytes) FROM CUPTI_ACTIVITY_KIND_MEMCPY").fetchone()
+    sql_ms = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMSET").fetchone()[0]
+    sql_nvtx = con.execute("SELECT count(*) FROM NVTX_EVENTS WHERE end IS NOT NULL AND eventType IN (59, 60)").fetchone()[0]
+    con.close()
+
+    assert trace.source_format == "nsys-sqlite"
+    assert_contract(trace)
+    k = trace.gpu[trace.gpu["kind"] == "kernel"]
+    assert len(k) == sql_k == n_kernels
+    assert int((k["end_ns"] - k["start_ns"]).sum()) == sql_k_ns == kernel_ns
+    cp = trace.gpu[trace.gpu["kind"] == "memcpy"]
+    assert len(cp) == sql_cp and int(cp["bytes"].sum()) == sql_cp_bytes
+    assert (trace.gpu["kind"] == "memset").sum() == sql_ms
+    assert len(trace.runtime) == sql_rt == n_runtime
+    assert len(trace.annotations) == sql_nvtx == n_nvtx
+    assert (k["name"] != "").all()
+    # gpu frame sorted by (device, start)
+    assert (np.diff(trace.gpu["start_ns"].to_numpy()) >= 0).all()
+
+    assert [(d.id, d.name, d.num_sms, d.compute_capability) for d in trace.devices] == [(0, "NVIDIA H200", 132, "9.0")]
+    assert trace.metadata["nsys"]["export_schema_version"] == schema
+    assert codes(trace) == {}
+
+    # Every kernel is launched by exactly one runtime/driver launch call with its correlation.
+    launches = trace.runtime[trace.runtime["api_kind"].isin(["launch", "graph_launch"])]
+    assert launches["correlation"].is_unique
+    assert set(k["correlation"]) <= set(launches["correlation"])
+    assert len(launches) == n_kernels  # no graphs: one launch per kernel
+    # nsys's "_v7000" suffixes are stripped
+    assert "cudaLaunchKernel" in set(trace.runtime["name"])
+    assert not trace.runtime["name"].str.contains(r"_v\d{4,5}$").any()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+
+
+def test_real_3_17_two_processes_get_pid_qualified_correlation() -> None:
+    trace = load_nsys_sqlite(str(real_path("ee4fcf3")))
+    # The 3.17 sample has a second CUDA process whose correlation ids 1 and 127 collide.
+    assert sorted(trace.runtime["pid"].unique().tolist()) == [50556, 50922]
+    assert trace.metadata["nsys"]["correlation"] == "pid<<32|correlationId"
+    assert trace.runtime["correlation"].is_unique
+    assert ((trace.gpu["correlation"].to_numpy() >> 32) == 50556).all()
+    assert trace.metadata["nsys"]["cuda_devices"] == [
+        {"gpu_id": 0, "cuda_id": 0, "pid": 50922},
+        {"gpu_id": 0, "cuda_id": 0, "pid": 50556},
+    ]
+    # syncs are named by the API call that caused them (syncType says "stream wait" for them)
+    assert trace.gpu_syncs["name"].tolist() == ["Stream Sync", "Stream Sync", "Context Sync"]
+    assert trace.gpu_syncs["stream"].tolist() == [7, 7, -1]
+
+
+def test_real_3_16_single_process_keeps_raw_correlation() -> None:
+    trace = load_nsys_sqlite(str(real_path("64ee035")))
+    assert trace.metadata["nsys"]["correlation"] == "correlationId"
+    assert trace.gpu["correlation"].tolist()[:3] == [158, 186, 240]
+    assert trace.gpu_syncs["name"].tolist() == ["Stream Sync"]
+    memcpy = trace.gpu[trace.gpu["kind"] == "memcpy"]
+    assert memcpy["name"].tolist() == ["Memcpy DtoH (Device -> Pinned)"]
+    assert trace.gpu[trace.gpu["kind"] == "memset"]["name"].tolist() == ["Memset (Device)"]
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+def test_graph_fanout_next_to_eager_launches(tmp_path: Path) -> None:
+    strings = {1: "cudaGraphLaunch_v10000", 2: "cudaLaunchKernel_v7000", 10: "void gemm<64>(float*)", 11: "gemm", 12: "rmsnorm"}
+    graph_corr = 500
+    kernels, runtime = [], []
+    runtime.append((1_000, 9_000, gtid(PID, TID), graph_corr, 1))
+    for i in range(30):  # one graph launch -> 30 kernels sharing its correlation id
+        s = 10_000 + i * 2_000
+        kernels.append((s, s + 1_500, 0, 7, graph_corr, GPID, 10, 11))
+    for i in range(10):  # 10 eager launches, one kernel each
+        c = 600 + i
+        rs = 100_000 + i * 3_000
+        runtime.append((rs, rs + 1_000, gtid(PID, TID), c, 2))
+        kernels.append((rs + 2_000, rs + 2_500, 0, 7, c, GPID, 12, 12))
+    trace = load_nsys_sqlite(str(make_db(tmp_path / "g.sqlite", strings=strings, kernels=kernels, runtime=runtime, gpus=[H200])))
+
+    assert_contract(trace)
+    assert len(trace.gpu) == 40 and (trace.gpu["kind"] == "kernel").all()
+    launches = trace.runtime[trace.runtime["api_kind"].isin(["launch", "graph_launch"])]
+    assert len(launches) == 11
+    assert launches["api_kind"].value_counts().to_dict() == {"launch": 10, "graph_launch": 1}
+    graph_row = trace.runtime[trace.runtime["api_kind"] == "graph_launch"]
+    assert graph_row["name"].tolist() == ["cudaGraphLaunch"]
+    assert int((trace.gpu["correlation"] == graph_row["correlation"].iloc[0]).sum()) == 30
+    assert trace.gpu["correlation"].value_counts().max() == 30
+    # the graph launch's API time is counted once
+    assert int((graph_row["end_ns"] - graph_row["start_ns"]).sum()) == 8_000
+    assert trace.runtime["pid"].unique().tolist() == [PID] and trace.runtime["tid"].unique().tolist() == [TID]
+    # demangledName preferred over shortName
+    assert set(trace.gpu["name"]) == {"void gemm<64>(float*)", "rmsnorm"}
+
+
+def test_graph_level_records(tmp_path: Path) -> None:
+    strings = {1: "cudaGraphLaunch_v10000"}
+    runtime = [(1_000, 3_000, gtid(PID, TID), 77, 1), (5_000, 6_000, gtid(PID, TID), 78, 1)]
+    graphs = [(10_000, 90_000, 0, 7, 77, GPID, 3), (100_000, 180_000, 0, 7, 78, GPID, 3)]
+    trace = load_nsys_sqlite(str(make_db(tmp_path / "gl.sqlite", strings=strings, runtime=runtime, graphs=graphs, kernels=[])))
+    assert trace.gpu["kind"].tolist() == ["kernel", "kernel"]
+    assert trace.gpu["name"].tolist() == ["cudaGraph 3", "cudaGraph 3"]
+    assert trace.gpu["correlation"].tolist() == [77, 78]
+    q = codes(trace)["nsys_graph_level"]
+    assert "per-kernel detail unavailable" in q.message and q.count == 2
+
+
+def test_no_nvtx_table(tmp_path: Path) -> None:
+    trace = load_nsys_sqlite(str(make_db(tmp_path / "n.sqlite", kernels=[], runtime=[], gpus=[H200])))
+    q = codes(trace)["nsys_no_nvtx"]
+    assert q.message == "no NVTX captured"
+    assert len(trace.annotations) == 0 and list(trace.annotations.columns) == list(ANNOTATION_COLUMNS)
+
+
+def test_nvtx_versioned_table_textid_and_range_kinds(tmp_path: Path) -> None:
+    strings = {20: "decode_step", 21: "prefill", 22: "open_forever", 23: "a mark"}
+    g = gtid(PID, TID)
+    nvtx = [
+        (1_000, 5_000, 59, None, g, 20),  # push/pop, name only via textId
+        (6_000, 9_000, 60, None, gtid(PID, TID + 1), 21),  # start/end
+        (10_000, None, 59, None, g, 22),  # never popped: skipped and counted
+        (11_000, None, 34, None, g, 23),  # mark: instant, skipped silently
+        (12_000, 13_000, 59, "inline text", g, None),  # name in `text`
+    ]
+    trace = load_nsys_sqlite(
+        str(make_db(tmp_path / "v.sqlite", strings=strings, kernels=[], runtime=[], nvtx=nvtx, nvtx_table="NVTX_EVENTS_V3"))
+    )
+    assert_contract(trace)
+    ann = trace.annotations
+    assert ann["name"].tolist() == ["decode_step", "prefill", "inline text"]
+    assert ann["start_ns"].tolist() == [1_000, 6_000, 12_000]
+    assert ann["end_ns"].tolist() == [5_000, 9_000, 13_000]
+    assert set(ann["scope"]) == {"cpu"} and set(ann["device"]) == {-1}
+    assert ann["tid"].tolist() == [TID, TID + 1, TID] and set(ann["pid"]) == {PID}
+    q = codes(trace)
+    assert "nsys_no_nvtx" not in q
+    assert q["nsys_nvtx_unterminated"].count == 1
+    assert trace.metadata["nsys"]["nvtx_table"] == "NVTX_EVENTS_V3"
+
+
+def test_reverse_ordered_kernels_and_absent_tables(tmp_path: Path) -> None:
+    strings = {1: "k"}
+    kernels = []
+    for i in reversed(range(10)):  # stored newest first
+        s = 1_000_000 + i * 15_000  # 10 µs kernels, 5 µs apart
+        kernels.append((s, s + 10_000, 0, 7, 100 + i, GPID, 1, 1))
+    trace = load_nsys_sqlite(str(make_db(tmp_path / "r.sqlite", strings=strings, kernels=kernels, runtime=[], gpus=[H200])))
+    start = trace.gpu["start_ns"].to_numpy()
+    end = trace.gpu["end_ns"].to_numpy()
+    assert np.diff(start).tolist() == [15_000] * 9
+    assert (start[1:] - end[:-1]).tolist() == [5_000] * 9
+    assert trace.gpu["correlation"].tolist() == list(range(100, 110))
+    q = codes(trace)["nsys_table_absent"]
+    assert "CUPTI_ACTIVITY_KIND_MEMCPY" in q.message and "CUPTI_ACTIVITY_KIND_MEMSET" in q.message
+    assert "CUPTI_ACTIVITY_KIND_KERNEL" not in q.message and q.count == 2
+
+
+def test_device_ids_starting_at_3(tmp_path: Path) -> None:
+    strings = {1: "k"}
+    kernels = [(2_000, 3_000, 4, 7, 2, GPID, 1, 1), (1_000, 2_000, 3, 7, 1, GPID, 1, 1)]
+    gpus = [(4, "NVIDIA H200", 150_000_000_000, 132, 9, 0), (3, "NVIDIA H200", 150_000_000_000, 132, 9, 0)]
+    trace = load_nsys_sqlite(str(make_db(tmp_path / "d.sqlite", strings=strings, kernels=kernels, runtime=[], gpus=gpus)))
+    assert [d.id for d in trace.devices] == [3, 4]
+    assert trace.device_name(3) == "NVIDIA H200" and trace.device_name(0) == ""
+    assert trace.gpu["device"].tolist() == [3, 4]
+    assert "nsys_unknown_device" not in codes(trace)
+
+
+def test_two_processes_with_colliding_correlation_ids(tmp_path: Path) -> None:
+    strings = {1: "cudaLaunchKernel_v7000", 2: "k"}
+    pa, pb = 100, 200
+    kernels = [(5_000, 6_000, 0, 7, 1, (1 << 48) | (pa << 24), 2, 2), (7_000, 8_000, 1, 7, 1, (1 << 48) | (pb << 24), 2, 2)]
+    runtime = [(1_000, 2_000, gtid(pa, pa), 1, 1), (3_000, 4_000, gtid(pb, pb), 1, 1)]
+    trace = load_nsys_sqlite(str(make_db(tmp_path / "mp.sqlite", strings=strings, kernels=kernels, runtime=runtime)))
+    assert trace.metadata["nsys"]["correlation"] == "pid<<32|correlationId"
+    rt = dict(zip(trace.runtime["correlation"], trace.runtime["pid"]))
+    assert [rt[c] for c in trace.gpu["correlation"]] == [pa, pb]
+
+
+def test_driver_table_name_fallback_and_unresolved_ids(tmp_path: Path) -> None:
+    strings = {1: "cudaLaunchKernel_v7000", 2: "cuLaunchKernelEx", 3: "", 4: "short_k", 5: "void full_k<1>()"}
+    g = gtid(PID, TID)
+    runtime = [(100, 200, g, 1, 1), (150, 160, g, 9, 99)]  # nameId 99 is not in StringIds
+    driver = [(300, 400, g, 2, 2)]
+    kernels = [
+        (1_000, 2_000, 0, 7, 1, GPID, 3, 4),  # demangledName is "" -> shortName
+        (3_000, 4_000, 0, 7, 2, GPID, 5, 4),  # demangledName preferred
+        (5_000, 6_000, 0, 7, 3, GPID, 77, 78),  # neither id resolves
+    ]
+    trace = load_nsys_sqlite(str(make_db(tmp_path / "dr.sqlite", strings=strings, kernels=kernels, runtime=runtime, driver=driver)))
+    assert trace.gpu["name"].tolist() == ["short_k", "void full_k<1>()", ""]
+    assert trace.runtime["name"].tolist() == ["cudaLaunchKernel", "", "cuLaunchKernelEx"]
+    assert trace.runtime["api_kind"].tolist() == ["launch", "other", "launch"]
+    assert codes(trace)["nsys_unresolved_names"].count == 2
+
+
+def test_not_sqlite_and_unrelated_sqlite(tmp_path: Path) -> None:
+    junk = tmp_path / "trace.sqlite"
+    junk.write_text('{"traceEvents": []}')
+    with pytest.raises(TraceFormatError, match="not an SQLite file"):
+        load_nsys_sqlite(str(junk))
+
+    other = tmp_path / "other.sqlite"
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE users (id INTEGER, name TEXT)")
+    con.commit()
+    con.close()
+    with pytest.raises(TraceFormatError, match="without Nsight Systems tables"):
+        load_nsys_sqlite(str(other))
+
+    with pytest.raises(TraceFormatError, match="no such file"):
+        load_nsys_sqlite(str(tmp_path / "missing.sqlite"))
+
+    good = make_db(tmp_path / "good.sqlite", strings={1: "k"}, kernels=[(1, 2, 0, 7, 1, GPID, 1, 1)] * 2000)
+    cut = tmp_path / "cut.sqlite"
+    cut.write_bytes(good.read_bytes()[:5000])
+    with pytest.raises(TraceFormatError):
+        load_nsys_sqlite(str(cut))
+
+
+def test_opens_read_only(tmp_path: Path) -> None:
+    path = make_db(tmp_path / "ro.sqlite", strings={1: "k"}, kernels=[(1, 2, 0, 7, 1, GPID, 1, 1)])
+    path.chmod(stat.S_IRUSR)
+    tmp_path.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        before = sorted(os.listdir(tmp_path))
+        trace = load_nsys_sqlite(str(path))
+        assert len(trace.gpu) == 1
+        assert sorted(os.listdir(tmp_path)) == before
+    finally:
+        tmp_path.chmod(stat.S_IRWXU)
+        path.chmod(stat.S_IRUSR | stat.S_IWUSR)
+
+
+# ---------------------------------------------------------------- .nsys-rep
+
+
+def test_rep_without_nsys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rep = tmp_path / "report1.nsys-rep"
+    rep.write_bytes(b"not really a report")
+    monkeypatch.setattr(nsys.shutil, "which", lambda name: None)
+    with pytest.raises(TraceFormatError, match=r"needs Nsight Systems' `nsys` on PATH.*nsys export --type sqlite FILE"):
+        load_nsys_rep(str(rep))
+
+
+FAKE_NSYS = """#!/bin/sh
+[ "$1" = export ] && [ "$2" = --type ] && [ "$3" = sqlite ] && [ "$4" = --output ] || exit 3
+if [ -n "$FAKE_NSYS_FAIL" ]; then echo "fatal: $FAKE_NSYS_FAIL" >&2; exit 1; fi
+cp "$FAKE_NSYS_DB" "$5"
+"""
+
+
+@pytest.fixture
+def fake_nsys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    exe = bindir / "nsys"
+    exe.write_text(FAKE_NSYS)
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
+    db = make_db(tmp_path / "exported.sqlite", strings={1: "k"}, kernels=[(1_000, 2_000, 0, 7, 1, GPID, 1, 1)])
+    monkeypatch.setenv("FAKE_NSYS_DB", str(db))
+    return db
+
+
+def test_rep_exports_to_private_tmpdir(tmp_path: Path, fake_nsys: Path) -> None:
+    src = tmp_path / "in"
+    src.mkdir()
+    rep = src / "report1.nsys-rep"
+    rep.write_bytes(b"report bytes")
+    trace = load_nsys_rep(str(rep))
+    assert trace.source_path == str(rep) and trace.source_format == "nsys-sqlite"
+    assert trace.metadata["nsys"]["exported_from_rep"] is True
+    assert len(trace.gpu) == 1
+    assert sorted(os.listdir(src)) == ["report1.nsys-rep"]
+    assert rep.read_bytes() == b"report bytes"
+
+
+def test_rep_export_failure(tmp_path: Path, fake_nsys: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rep = tmp_path / "bad.nsys-rep"
+    rep.write_bytes(b"x")
+    monkeypatch.setenv("FAKE_NSYS_FAIL", "unsupported report version")
+    with pytest.raises(TraceFormatError, match="failed: fatal: unsupported report version"):
+        load_nsys_rep(str(rep))
+
+
+@pytest.mark.skipif(shutil.which("nsys") is None, reason="nsys not on PATH")
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_real_rep_parity(name: str) -> None:
+    sqlite_trace = load_nsys_sqlite(str(real_path(name)))
+    rep_trace = load_nsys_rep(str(real_path(name).with_suffix(".nsys-rep")))
+    assert len(rep_trace.gpu) == len(sqlite_trace.gpu)
+    assert int((rep_trace.gpu["end_ns"] - rep_trace.gpu["start_ns"]).sum()) == int(
+        (sqlite_trace.gpu["end_ns"] - sqlite_trace.gpu["start_ns"]).sum()
+    )
+    assert len(rep_trace.runtime) == len(sqlite_trace.runtime)
