@@ -57,7 +57,8 @@ def render(analysis: Analysis, console: Console | None = None) -> None:
     for k in extra_cols:
         t.add_column(k.upper() if k != "bound_ratio" else "bound ratio", justify="right")
     for p in d["phases"]:
-        row = [p["name"], _num(p["device"]), str(p["steps"]), _ms(p["wall_ms"]), _ms(p["gpu_busy_ms"]),
+        busy = _ms(p["gpu_busy_ms"]) if p["device"] is not None else "—"
+        row = [p["name"], _num(p["device"]), str(p["steps"]), _ms(p["wall_ms"]), busy,
                _pct(p["gpu_idle_share"]), _pct(p["launch_gap_share"]), _pct(p["attention_share"]), str(p["kernel_count"])]
         for k in extra_cols:
             v = p.get(k)
