@@ -169,6 +169,16 @@ def _is_int_list(x, n_min: int) -> bool:
     return isinstance(x, list) and len(x) >= n_min and all(isinstance(v, int) for v in x)
 
 
+def _shape_ops(trace: Trace) -> pd.DataFrame:
+    """The ops that carry phase evidence, sorted by start (computed once per trace)."""
+    cached = getattr(trace, "_shape_ops_cache", None)
+    if cached is None:
+        ops = trace.cpu_ops
+        cached = ops[ops["name"].isin({"aten::linear"} | _ATTN_OPS | _BMM_OPS)].sort_values("start_ns", kind="stable")
+        trace._shape_ops_cache = cached  # type: ignore[attr-defined]
+    return cached
+
+
 def shape_votes(trace: Trace, start_ns: int, end_ns: int) -> tuple[set[str], int | None, int | None, int | None]:
     """Phase evidence from operator shapes inside [start_ns, end_ns].
 
@@ -190,8 +200,9 @@ def shape_votes(trace: Trace, start_ns: int, end_ns: int) -> tuple[set[str], int
     flat_m = None
     if len(ops) == 0:
         return votes, batch, seq, context
-    m = (ops["start_ns"] >= start_ns) & (ops["start_ns"] <= end_ns) & ops["name"].isin({"aten::linear"} | _ATTN_OPS | _BMM_OPS)
-    sel = ops.loc[m].sort_values("start_ns", kind="stable")
+    ops = _shape_ops(trace)
+    m = (ops["start_ns"] >= start_ns) & (ops["start_ns"] <= end_ns)
+    sel = ops.loc[m]
     bmm_context = None  # from the first decode-shaped batched matmul: QK^T precedes PV
     for name, raw in zip(sel["name"].to_numpy(), sel["input_dims"].to_numpy()):
         dims = parse_input_dims(raw)

@@ -8,6 +8,7 @@ launch whatever its name; these patterns only label calls by name.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 _GRAPH_LAUNCH = re.compile(r"^(cuda|hip|cu)GraphLaunch", re.I)
 _LAUNCH = re.compile(
@@ -19,6 +20,7 @@ _MEMSET = re.compile(r"memset", re.I)
 _SYNC = re.compile(r"synchronize|EventQuery|StreamWaitEvent|StreamQuery", re.I)
 
 
+@lru_cache(maxsize=8192)
 def api_kind(name: str) -> str:
     """Return "graph_launch" | "launch" | "memcpy" | "memset" | "sync" | "other" for an API name."""
     if _GRAPH_LAUNCH.search(name):

@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+import pandas as pd
 
 from diagnose.errors import TraceFormatError
 from diagnose.trace.apis import api_kind
@@ -194,6 +195,8 @@ def _coerce_event(ev: _LooseEvent) -> _Event:
 
 
 def _as_int(v: Any, default: int = -1) -> int:
+    if type(v) is int:
+        return v
     if isinstance(v, bool):
         return default
     if isinstance(v, int):
@@ -349,17 +352,18 @@ _CAT_BUCKET = {
 
 
 def _bucket(events: list[_Event]) -> dict[str, list[_Event]]:
+    """Group complete ("X") events by the bucket of their category, vectorised over categories."""
     buckets: dict[str, list[_Event]] = {k: [] for k in set(_CAT_BUCKET.values())}
-    cache: dict[str, str] = {}
-    for ev in events:
-        if ev.ph != "X":
+    if not events:
+        return buckets
+    codes, uniques = pd.factorize(pd.Series([e.cat for e in events], dtype=object), sort=False)
+    ph_x = np.fromiter((e.ph == "X" for e in events), dtype=bool, count=len(events))
+    for u, cat in enumerate(uniques):
+        k = _CAT_BUCKET.get(str(cat).lower(), "")
+        if not k:
             continue
-        c = ev.cat
-        k = cache.get(c)
-        if k is None:
-            k = cache[c] = _CAT_BUCKET.get(c.lower(), "")
-        if k:
-            buckets[k].append(ev)
+        idx = np.nonzero((codes == u) & ph_x)[0]
+        buckets[k].extend(events[i] for i in idx.tolist())
     return buckets
 
 
@@ -377,12 +381,13 @@ def _times(evs: list[_Event], base_ns: int) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def _arg(evs: list[_Event], field: str, default: int = -1) -> list[int]:
-    out = []
-    for e in evs:
-        a = e.args
-        v = None if a is None else getattr(a, field)
-        out.append(v if type(v) is int else _int(v, default))
-    return out
+    get = __import__("operator").attrgetter(field)
+    vals = [None if e.args is None else get(e.args) for e in evs]
+    return [v if type(v) is int else _int(v, default) for v in vals]
+
+
+def _ids(vals: list) -> list[int]:
+    return [v if type(v) is int else _as_int(v) for v in vals]
 
 
 def _ext_ids(evs: list[_Event]) -> list[int]:
@@ -455,10 +460,6 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False) -> T
         raise TraceFormatError(
             f"{path}: JSON without 'traceEvents' — not a Kineto/Chrome trace"
         )
-    events = _decode_events(path, top["traceEvents"])
-    if legacy and events and not any(ev.ph for ev in events):
-        raise TraceFormatError(f"{path}: JSON list without trace events (no 'ph' fields) — not a trace")
-
     metadata: dict[str, Any] = {}
     for k, v in top.items():
         if k == "traceEvents":
@@ -467,6 +468,11 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False) -> T
             metadata[k] = _any_dec.decode(v)
         except msgspec.DecodeError:
             metadata[k] = None
+    events = _decode_events(path, top.pop("traceEvents"))
+    buf_len = len(buf)
+    del top, buf  # the decoded events are all we keep: never hold two copies of the document
+    if legacy and events and not any(ev.ph for ev in events):
+        raise TraceFormatError(f"{path}: JSON list without trace events (no 'ph' fields) — not a trace")
     base_ns = metadata.get("baseTimeNanoseconds")
     base_ns = int(base_ns) if isinstance(base_ns, (int, float)) and not isinstance(base_ns, bool) else 0
 
@@ -475,7 +481,7 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False) -> T
         if code == "truncated":
             trace.partial = True
             where = f"; {gz_cut}" if gz_cut else ""
-            trace.note("truncated", f"trace cut at byte {n:,} of {len(buf):,} (decompressed){where}: the complete events before it were analysed; every number is partial")
+            trace.note("truncated", f"trace cut at byte {n:,} of {buf_len:,} (decompressed){where}: the complete events before it were analysed; every number is partial")
         elif code == "decimal_comma":
             trace.note("decimal_comma_repaired", msg, n)
         elif code == "text":
@@ -505,7 +511,7 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False) -> T
         dropped += int((~keep).sum())
         names = [e.name for e in evs]
         d = {"name": names, "api_kind": [api_kind(n) for n in names], "start_ns": start, "end_ns": end,
-             "correlation": _arg(evs, "correlation"), "pid": [_as_int(e.pid) for e in evs], "tid": [_as_int(e.tid) for e in evs]}
+             "correlation": _arg(evs, "correlation"), "pid": _ids([e.pid for e in evs]), "tid": _ids([e.tid for e in evs])}
         trace.runtime = frame(RUNTIME_COLUMNS, _select(d, keep)).sort_values("start_ns", kind="stable").reset_index(drop=True)
 
     evs = buckets["op"]
@@ -514,7 +520,7 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False) -> T
         dropped += int((~keep).sum())
         d = {"name": [e.name for e in evs], "start_ns": start, "end_ns": end,
              "external_id": _ext_ids(evs),
-             "tid": [_as_int(e.tid) for e in evs],
+             "tid": _ids([e.tid for e in evs]),
              "input_dims": [e.args.input_dims if e.args is not None and e.args.input_dims else None for e in evs],
              "input_types": [e.args.input_types if e.args is not None and e.args.input_types else None for e in evs]}
         trace.cpu_ops = frame(CPU_OP_COLUMNS, _select(d, keep))
@@ -525,9 +531,9 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False) -> T
         if evs:
             keep, start, end = _times(evs, base_ns)
             dropped += int((~keep).sum())
-            pids = [_as_int(e.pid) for e in evs]
+            pids = _ids([e.pid for e in evs])
             d = {"name": [e.name for e in evs], "scope": [scope] * len(evs), "device": pids if scope == "gpu" else [-1] * len(evs),
-                 "start_ns": start, "end_ns": end, "pid": pids, "tid": [_as_int(e.tid) for e in evs]}
+                 "start_ns": start, "end_ns": end, "pid": pids, "tid": _ids([e.tid for e in evs])}
             aparts.append(_select(d, keep))
     if aparts:
         trace.annotations = frame(ANNOTATION_COLUMNS, _concat(aparts)).sort_values("start_ns", kind="stable").reset_index(drop=True)
