@@ -19,6 +19,7 @@ never materialised.
 from __future__ import annotations
 
 import gzip
+import operator
 import re
 import zlib
 from typing import Any
@@ -141,6 +142,24 @@ def read_bytes_partial(path: str) -> tuple[bytes, str | None]:
         return out, f"gzip stream cut short after {len(raw):,} compressed bytes ({len(out):,} bytes recovered)"
     except (OSError, zlib.error) as e:
         raise TraceFormatError(f"{path}: corrupt gzip data ({e})") from None
+
+
+class _Doc(msgspec.Struct, gc=False):
+    """One-pass decode of a well-formed Kineto document: events plus the metadata keys the
+    analysis reads. Anything odd falls back to the robust path (:func:`_split_top`)."""
+
+    traceEvents: list[_Event]
+    schemaVersion: Any = None
+    deviceProperties: Any = None
+    distributedInfo: Any = None
+    baseTimeNanoseconds: Any = None
+    displayTimeUnit: Any = None
+    traceName: Any = None
+    diagnose: Any = None  # this project's collector metadata (add_metadata_json)
+    metadata: Any = None  # TraceLens/vLLM-style extra object
+
+
+_doc_dec = msgspec.json.Decoder(_Doc)
 
 
 def _coerce_args(raw: msgspec.Raw) -> _Args | None:
@@ -351,13 +370,25 @@ _CAT_BUCKET = {
 }
 
 
+_get_cat = operator.attrgetter("cat")
+_get_ph = operator.attrgetter("ph")
+_get_name = operator.attrgetter("name")
+_get_ts = operator.attrgetter("ts")
+_get_dur = operator.attrgetter("dur")
+_get_pid = operator.attrgetter("pid")
+_get_tid = operator.attrgetter("tid")
+_get_args = operator.attrgetter("args")
+
+
 def _bucket(events: list[_Event]) -> dict[str, list[_Event]]:
     """Group complete ("X") events by the bucket of their category, vectorised over categories."""
     buckets: dict[str, list[_Event]] = {k: [] for k in set(_CAT_BUCKET.values())}
     if not events:
         return buckets
-    codes, uniques = pd.factorize(pd.Series([e.cat for e in events], dtype=object), sort=False)
-    ph_x = np.fromiter((e.ph == "X" for e in events), dtype=bool, count=len(events))
+    codes, uniques = pd.factorize(np.array(list(map(_get_cat, events)), dtype=object), sort=False)
+    ph_codes, ph_uniques = pd.factorize(np.array(list(map(_get_ph, events)), dtype=object), sort=False)
+    x = [i for i, v in enumerate(ph_uniques) if v == "X"]
+    ph_x = ph_codes == x[0] if x else np.zeros(len(events), dtype=bool)
     for u, cat in enumerate(uniques):
         k = _CAT_BUCKET.get(str(cat).lower(), "")
         if not k:
@@ -372,8 +403,8 @@ _NAN = float("nan")
 
 def _times(evs: list[_Event], base_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(keep mask, start_ns, end_ns): drops events without ts and with a negative dur."""
-    ts = np.array([_NAN if e.ts is None else e.ts for e in evs], dtype=np.float64)
-    dur = np.array([0.0 if e.dur is None else e.dur for e in evs], dtype=np.float64)
+    ts = np.array([_NAN if v is None else v for v in map(_get_ts, evs)], dtype=np.float64)
+    dur = np.array([0.0 if v is None else v for v in map(_get_dur, evs)], dtype=np.float64)
     keep = ~np.isnan(ts) & ~(dur < 0)
     dur = np.where(np.isnan(dur), 0.0, dur)
     start = _us_to_ns(np.where(keep, ts, 0.0), base_ns)
@@ -381,8 +412,8 @@ def _times(evs: list[_Event], base_ns: int) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def _arg(evs: list[_Event], field: str, default: int = -1) -> list[int]:
-    get = __import__("operator").attrgetter(field)
-    vals = [None if e.args is None else get(e.args) for e in evs]
+    get = operator.attrgetter(field)
+    vals = [None if a is None else get(a) for a in map(_get_args, evs)]
     return [v if type(v) is int else _int(v, default) for v in vals]
 
 
@@ -403,7 +434,7 @@ def _ext_ids(evs: list[_Event]) -> list[int]:
 
 def _gpu_columns(evs: list[_Event], kind: str, base_ns: int) -> tuple[dict, np.ndarray]:
     keep, start, end = _times(evs, base_ns)
-    names = [e.name for e in evs]
+    names = list(map(_get_name, evs))
     kinds = [kind] * len(evs)
     if kind == "kernel":
         # ROCm <= 7.1 reports copies/fills as kernels; 7.2 as gpu_memcpy/gpu_memset.
@@ -455,6 +486,17 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False) -> T
     gz_cut = None
     if buf is None:
         buf, gz_cut = read_bytes_partial(path)
+    fast = None
+    if not gz_cut and buf[:64].lstrip()[:1] == b"{":
+        try:
+            fast = _doc_dec.decode(buf)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            fast = None
+    if fast is not None:
+        events, n = fast.traceEvents, len(buf)
+        meta = {f: getattr(fast, f) for f in _META_FIELDS if getattr(fast, f) is not None}
+        del fast, buf  # never hold the document and its decoded events longer than needed
+        return _build(path, events, meta, legacy=False, repairs=[], buf_len=n, gz_cut=None)
     top, legacy, buf, repairs = _split_top(path, buf, lenient)
     if "traceEvents" not in top:
         raise TraceFormatError(
@@ -473,6 +515,15 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False) -> T
     del top, buf  # the decoded events are all we keep: never hold two copies of the document
     if legacy and events and not any(ev.ph for ev in events):
         raise TraceFormatError(f"{path}: JSON list without trace events (no 'ph' fields) — not a trace")
+    return _build(path, events, metadata, legacy, repairs, buf_len, gz_cut)
+
+
+_META_FIELDS = tuple(f for f in _Doc.__struct_fields__ if f != "traceEvents")
+
+
+def _build(path: str, events: list[_Event], metadata: dict[str, Any], legacy: bool,
+           repairs: list, buf_len: int, gz_cut: str | None) -> Trace:
+    """Normalized trace from decoded events and top-level metadata."""
     base_ns = metadata.get("baseTimeNanoseconds")
     base_ns = int(base_ns) if isinstance(base_ns, (int, float)) and not isinstance(base_ns, bool) else 0
 
@@ -509,9 +560,9 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False) -> T
     if evs:
         keep, start, end = _times(evs, base_ns)
         dropped += int((~keep).sum())
-        names = [e.name for e in evs]
+        names = list(map(_get_name, evs))
         d = {"name": names, "api_kind": [api_kind(n) for n in names], "start_ns": start, "end_ns": end,
-             "correlation": _arg(evs, "correlation"), "pid": _ids([e.pid for e in evs]), "tid": _ids([e.tid for e in evs])}
+             "correlation": _arg(evs, "correlation"), "pid": _ids(list(map(_get_pid, evs))), "tid": _ids(list(map(_get_tid, evs)))}
         trace.runtime = frame(RUNTIME_COLUMNS, _select(d, keep)).sort_values("start_ns", kind="stable").reset_index(drop=True)
 
     evs = buckets["op"]
@@ -520,7 +571,7 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False) -> T
         dropped += int((~keep).sum())
         d = {"name": [e.name for e in evs], "start_ns": start, "end_ns": end,
              "external_id": _ext_ids(evs),
-             "tid": _ids([e.tid for e in evs]),
+             "tid": _ids(list(map(_get_tid, evs))),
              "input_dims": [e.args.input_dims if e.args is not None and e.args.input_dims else None for e in evs],
              "input_types": [e.args.input_types if e.args is not None and e.args.input_types else None for e in evs]}
         trace.cpu_ops = frame(CPU_OP_COLUMNS, _select(d, keep))
