@@ -62,6 +62,15 @@ def attainment_options(fn):
     return fn
 
 
+def attach_verdicts(analysis) -> None:
+    """Evaluate the packaged symptom rules on ``analysis`` and keep the verdicts in its report."""
+    from diagnose.rules_engine import add_verdicts_to_report
+
+    report = add_verdicts_to_report(analysis.to_dict())
+    analysis.extra["symptoms"] = report.get("symptoms", [])
+    analysis.extra["not_evaluated"] = report.get("not_evaluated", [])
+
+
 def make_options(phase_regex=(), **att):
     from diagnose.analyzers import Options
 
@@ -97,6 +106,7 @@ def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_pat
     from diagnose.pipeline import run_analysis
 
     analysis = run_analysis(trace_path, options=make_options(phase_regex, **att), lenient=lenient)
+    attach_verdicts(analysis)
     report = analysis.to_dict()
     if out_path or fmt == "json":
         from diagnose.report.jsonout import to_json
@@ -117,7 +127,13 @@ def _register() -> None:
     from diagnose.bounds_cli import bounds_command, kv_budget_command
     from diagnose.collectors.collect_cli import collect_group
 
+    from diagnose.rules_cli import compare_command, gate_command, rules_group, sweep_command
+
     main.add_command(collect_group)
+    main.add_command(gate_command)
+    main.add_command(compare_command)
+    main.add_command(sweep_command)
+    main.add_command(rules_group)
     main.add_command(bounds_command)
     main.add_command(kv_budget_command)
 

@@ -117,6 +117,9 @@ FINDINGS_CATALOG: list[tuple[str, str, str]] = [
     ("<phase>.peak_tflops", "TFLOP/s", "device peak FLOP rate used for MFU"),
     ("<phase>.compute_bound", "0/1", "1 when the roofline analyzer says 'compute', 0 for 'memory'"),
     ("<phase>.bandwidth_over_peak", "ratio", "achieved_tbps / peak_tbps (> 1 is physically impossible: S7)"),
+    ("<phase>.flops", "FLOP", "FLOPs of the phase's steps (attainment analyzer)"),
+    ("<phase>.bytes", "B", "device-memory bytes of the phase's steps (attainment analyzer)"),
+    ("<phase>.forward_coverage", "fraction", "FLOPs seen in the step windows / the model config's FLOPs"),
     ("<phase>.graph_coverage", "fraction", "per-phase graph coverage when the report provides it"),
     # latency
     ("latency.ttft_ms", "ms", "TTFT proxy: wall time of the first prefill step"),
@@ -162,12 +165,15 @@ FINDINGS_CATALOG: list[tuple[str, str, str]] = [
     ("steps.max_gpu_over_cpu", "ratio", "largest GPU span / CPU duration of a step"),
     # trace
     ("trace.partial", "0/1", "1 when the report says the trace file was incomplete"),
-    ("trace.unreliable", "0/1", "1 when partial or quality has partial_trace / graph_coverage_low"),
+    ("trace.unreliable", "0/1", "1 when partial or quality has partial_trace / graph_coverage_low; phase numbers a phase lists as unreliable are None unless include_unreliable"),
     ("trace.device", "id", "GPU device whose numbers the phase findings are (most GPU busy time unless chosen)"),
     ("trace.device_count", "count", "GPU devices with activity"),
     ("trace.gpu_activity_count", "count", "GPU activities on the selected device"),
     ("trace.graph_kernel_count", "count", "GPU activities replayed from CUDA/HIP graph launches (all devices)"),
-    ("trace.graph_coverage", "fraction", "graph_kernel_count / GPU activities on all devices"),
+    ("trace.graph_kernel_share", "fraction", "graph_kernel_count / GPU activities on all devices"),
+    ("trace.graph_launches", "count", "graph launch calls on the host (report launches.graph_launches)"),
+    ("trace.graph_coverage", "fraction", "share of graph launches with GPU activity in the trace (report launches.graph_coverage; low = replayed kernels missing)"),
+    ("trace.host_launch_calls", "count", "host launch calls (report launches.host_launch_calls)"),
     ("trace.unlinked_count", "count", "GPU activities with no host launch call"),
     ("trace.bandwidth_above_peak", "0/1", "1 when the quality code bandwidth_above_peak is present or a phase's achieved_tbps > peak_tbps; 0 when checked and not; None when no bandwidth numbers"),
     ("trace.max_bandwidth_over_peak", "ratio", "largest achieved_tbps / peak_tbps over the device's phases"),
@@ -299,7 +305,13 @@ def select_device(report: Mapping[str, Any], device: int | None = None) -> int |
     Raises:
         DiagnoseError: ``device`` is not one of the report's devices.
     """
-    alls = [p for p in report.get("phases") or [] if p.get("name") == "all"]
+    phases = list(report.get("phases") or [])
+    alls = [p for p in phases if p.get("name") == "all"]
+    if not alls:  # reports without an "all" row: any phase stands for its device
+        by_dev: dict[Any, dict] = {}
+        for p in phases:
+            by_dev.setdefault(p.get("device"), p)
+        alls = list(by_dev.values())
     devs = [p.get("device") for p in alls]
     if device is not None:
         if device not in devs:
@@ -310,6 +322,17 @@ def select_device(report: Mapping[str, Any], device: int | None = None) -> int |
         return None
     best = max(alls, key=lambda p: (_num(p.get("gpu_busy_ms")) or 0.0, -(p.get("device") or 0)))
     return best.get("device")
+
+
+def unreliable_findings(report: Mapping[str, Any], device: int | None = None) -> set[str]:
+    """Dotted names of the selected device's phase numbers the report marks unreliable
+    (each phase's ``unreliable`` list, e.g. idle and launch-gap shares when graph coverage is low)."""
+    dev = select_device(report, device)
+    out: set[str] = set()
+    for p in report.get("phases") or []:
+        if p.get("device") == dev and p.get("name") in PHASE_NAMES:
+            out |= {f"{p['name']}.{k}" for k in p.get("unreliable") or []}
+    return out
 
 
 def _phase_findings(p: Mapping[str, Any], out: Findings) -> None:
@@ -337,7 +360,7 @@ def _phase_findings(p: Mapping[str, Any], out: Findings) -> None:
     out[f"{n}.launch_gap_p99_us"] = _num(launch.get("p99_us"))
     out[f"{n}.gap_max_us"] = _num((gaps.get("all") or {}).get("max_us"))
     for k in ("mfu", "mbu", "achieved_tflops", "achieved_tbps", "arithmetic_intensity", "bound_ratio",
-              "peak_tbps", "peak_tflops", "graph_coverage"):
+              "peak_tbps", "peak_tflops", "flops", "bytes", "forward_coverage", "graph_coverage"):
         if k in p:
             out[f"{n}.{k}"] = _num(p.get(k))
     if "bound" in p:
@@ -417,7 +440,7 @@ def _step_findings(steps: list[Mapping[str, Any]], out: Findings) -> None:
     out["steps.max_gpu_over_cpu"] = max(ratios) if ratios else None
 
 
-def findings_from_report(report: Mapping[str, Any], device: int | None = None) -> Findings:
+def findings_from_report(report: Mapping[str, Any], device: int | None = None, include_unreliable: bool = False) -> Findings:
     """Flatten one JSON report into ``{dotted name: number or None}``.
 
     Args:
@@ -425,6 +448,8 @@ def findings_from_report(report: Mapping[str, Any], device: int | None = None) -
             roofline fields (mfu, mbu, bound_ratio...) on its phases.
         device: GPU device id for the ``<phase>.*`` findings; default the device with the
             most GPU busy time (ties: lowest id).
+        include_unreliable: keep numbers a phase lists under ``unreliable`` (default: they
+            become None, so rules that need them are not evaluated).
 
     Returns:
         Numbers only (ints, floats; flags as 0/1); None where a value is unknown. Names are
@@ -482,7 +507,11 @@ def findings_from_report(report: Mapping[str, Any], device: int | None = None) -
     total_acts = sum(_num(p.get("activity_count")) or 0 for p in alls)
     graph = codes.get("graph_kernels_no_launch", 0)
     out["trace.graph_kernel_count"] = graph
-    out["trace.graph_coverage"] = graph / total_acts if total_acts else None
+    out["trace.graph_kernel_share"] = graph / total_acts if total_acts else None
+    launches = report.get("launches") or {}
+    out["trace.graph_launches"] = _num(launches.get("graph_launches"))
+    out["trace.graph_coverage"] = _num(launches.get("graph_coverage"))
+    out["trace.host_launch_calls"] = _num(launches.get("host_launch_calls"))
     out["trace.unlinked_count"] = codes.get("unlinked_kernels", 0)
     ratios = [out[k] for k in out if k.endswith(".bandwidth_over_peak") and out[k] is not None]
     out["trace.max_bandwidth_over_peak"] = max(ratios) if ratios else None
@@ -492,6 +521,10 @@ def findings_from_report(report: Mapping[str, Any], device: int | None = None) -
         out["trace.bandwidth_above_peak"] = 1 if max(ratios) > 1.0 else 0
     else:
         out["trace.bandwidth_above_peak"] = None
+    if not include_unreliable:
+        for name in unreliable_findings(report, dev):
+            if name in out:
+                out[name] = None
     return out
 
 
@@ -617,7 +650,7 @@ def sweep_findings(points: list[dict[str, Any]]) -> Findings:
               "throughput_gain_last_batch_doubling", "throughput_gain_total", "tpot_batch_growth_last"):
         out[f"sweep.{k}"] = None
     if len(bat) >= 2:
-        (b0, t0), (bp, tprev), (bl, tl) = bat[0], bat[-2], bat[-1]
+        (_, t0), (bp, tprev), (bl, tl) = bat[0], bat[-2], bat[-1]
         out["sweep.batch_max"], out["sweep.batch_prev"] = bl, bp
         out["sweep.throughput_last_tok_s"], out["sweep.throughput_prev_tok_s"] = tl, tprev
         doublings = math.log2(bl / bp)
@@ -873,7 +906,10 @@ def _check(node: ast.AST, names: Mapping[str, str], where: str, text: str) -> st
     if t is ast.Call:
         f = node.func
         if not isinstance(f, ast.Name) or f.id not in ALLOWED_FUNCTIONS:
-            fname = f.id if isinstance(f, ast.Name) else type(f).__name__
+            try:
+                fname = f.id if isinstance(f, ast.Name) else ast.unparse(f)[:60]
+            except Exception:  # noqa: BLE001 — message only
+                fname = type(f).__name__
             raise _refuse(where, text, node, f"call to {fname!r} is not allowed (only min, max, abs)")
         if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
             raise _refuse(where, text, node, "keyword or starred arguments are not allowed")
@@ -1297,7 +1333,7 @@ def _clean(v: Any) -> Number | None:
 
 
 def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | Iterable[str] | None = "trace",
-             overrides: Mapping[str, Number] | None = None) -> Verdicts:
+             overrides: Mapping[str, Number] | None = None, unreliable: Iterable[str] | None = None) -> Verdicts:
     """Evaluate ``rules`` of ``scope`` over ``findings``.
 
     Args:
@@ -1305,6 +1341,8 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
         findings: dotted finding name -> number (None/NaN/absent = missing).
         scope: one scope, several, or None for every rule.
         overrides: ``{"RULE.NAME": value}`` threshold overrides.
+        unreliable: finding names that are None because the report marks them unreliable
+            (:func:`unreliable_findings`); only changes the not-evaluated reason.
 
     Returns:
         :class:`Verdicts`; a rule with a missing required finding, too few samples, or a
@@ -1316,6 +1354,18 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
     rules = apply_overrides(rules, overrides)
     scopes = None if scope is None else ({scope} if isinstance(scope, str) else set(scope))
     v = Verdicts()
+    unreliable = set(unreliable or ())
+
+    def why_missing(names: list[str]) -> str:
+        bad = [n for n in names if n in unreliable]
+        gone = [n for n in names if n not in unreliable]
+        parts = []
+        if gone:
+            parts.append("missing finding(s): " + ", ".join(gone))
+        if bad:
+            parts.append("unreliable finding(s) (see quality): " + ", ".join(bad))
+        return "; ".join(parts)
+
     for r in rules:
         if scopes is not None and r.scope not in scopes:
             continue
@@ -1323,7 +1373,7 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
         vals = {n: _clean(findings.get(n)) for n in r.requires}
         missing = [n for n, x in vals.items() if x is None]
         if missing:
-            v.not_evaluated.append({**head, "missing": missing, "reason": "missing finding(s): " + ", ".join(missing)})
+            v.not_evaluated.append({**head, "missing": missing, "reason": why_missing(missing)})
             continue
         short = []
         for n, need in r.min_samples.items():
@@ -1333,7 +1383,7 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
             elif have < need:
                 short.append(f"{n} = {have:g} < {need}")
         if missing or short:
-            reason = "; ".join(filter(None, ["missing finding(s): " + ", ".join(missing) if missing else "",
+            reason = "; ".join(filter(None, [why_missing(missing) if missing else "",
                                              "too few samples: " + ", ".join(short) if short else ""]))
             v.not_evaluated.append({**head, "missing": missing, "reason": reason})
             continue
@@ -1382,7 +1432,8 @@ def add_verdicts_to_report(report: dict, rules: Sequence[Rule] | None = None,
         RuleError: invalid rules or overrides.
     """
     rules = load_rules() if rules is None else rules
-    verdicts = evaluate(rules, findings_from_report(report, device), scope="trace", overrides=overrides)
+    verdicts = evaluate(rules, findings_from_report(report, device), scope="trace", overrides=overrides,
+                        unreliable=unreliable_findings(report, device))
     report["symptoms"] = verdicts.symptoms
     report["not_evaluated"] = verdicts.not_evaluated
     return report
@@ -1531,6 +1582,27 @@ def rules_markdown(rules: Sequence[Rule]) -> str:
     L.append("  (`diagnose sweep --trace A --trace B ... [--label ctx=2048,bs=8 ...]`).")
     L.append("- **compare**: a baseline and a candidate trace (`diagnose compare --baseline A --candidate B`).")
     L.append("- **metrics**: numbers from a metrics JSON file (`--metrics FILE` on `compare` and `gate`).")
+    L.append("")
+    L.append("## Commands")
+    L.append("")
+    L.append("Exit status: 0 pass, 1 a check failed, 2 unusable input or arguments (one `error:` line), 3 internal error.")
+    L.append("")
+    L.append("- `diagnose gate --trace F [--phase decode ...] [--max-launch-gap-share 0.15] [--max-idle-share X]")
+    L.append("  [--fail-on SEVERITY] [--allow-partial] [--allow-missing] [--junit out.xml] [--threshold RULE.NAME=V]")
+    L.append("  [--rules-config FILE] [--metrics FILE]`: prints measured vs threshold per checked phase (default decode).")
+    L.append("  Fails (1) when a phase exceeds the launch-gap (or idle) limit; when a checked phase has no data")
+    L.append("  (`<phase>: no data`; `--allow-missing` turns it into a skip: a gate that measured nothing must not pass")
+    L.append("  silently, and 2 stays reserved for unreadable input); when the trace is flagged unreliable (`partial`,")
+    L.append("  quality `partial_trace` / `graph_coverage_low`) unless `--allow-partial`; and with `--fail-on` when a")
+    L.append("  symptom at or above that severity fires. `--max-launch-gap-share` defaults to, and overrides, the")
+    L.append("  `S3-launch-gaps` threshold. `--junit` writes one testcase per check and per rule (not evaluated = skipped).")
+    L.append("- `diagnose compare --baseline A --candidate B [--format text|json] [--metrics FILE] [--fail-on high]`:")
+    L.append("  TTFT/TPOT p50/p90/p99, launch-gap share, idle share, MBU/MFU side by side with ratios; exits 1 when a")
+    L.append("  compare/metrics symptom at or above `--fail-on` fires (`latency-regression`, `S6-perplexity-up`).")
+    L.append("- `diagnose sweep --trace A --trace B ... [--label ctx=2048,bs=8 ...]`: one label per trace, in order")
+    L.append("  (keys ctx, bs, gpus, prompt, name); without labels, batch and context are the medians of the decode step")
+    L.append("  markers and the GPU count is the number of devices with activity. Exits 0 unless `--fail-on` is given.")
+    L.append("- `diagnose rules list | test | doc`.")
     L.append("")
     L.append("## Condition language")
     L.append("")
