@@ -105,7 +105,7 @@ def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_pat
     """
     from diagnose.pipeline import run_analysis
 
-    analysis = run_analysis(trace_path, options=make_options(phase_regex, **att), lenient=lenient)
+    analysis = run_analysis(trace_path, options=make_options(phase_regex, **att), lenient=lenient, show_progress=True)
     attach_verdicts(analysis)
     report = analysis.to_dict()
     if out_path or fmt == "json":

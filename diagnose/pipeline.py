@@ -1,11 +1,31 @@
 """One entry point from a path to an :class:`~diagnose.analyzers.Analysis` (CLI, app, tests)."""
 from __future__ import annotations
 
+import os
+
 from diagnose.analyzers import Analysis, Options, analyze
 from diagnose.trace import load_trace
 
 
-def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options | None = None, lenient: bool = False) -> Analysis:
+PROGRESS_MIN_BYTES = 100 * 10**6
+
+
+def input_size(path: str) -> int:
+    """Bytes to parse: the file size, or for gzip the uncompressed size from its trailer
+    (ISIZE, modulo 2**32: a lower bound for files over 4 GiB). 0 when unreadable."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            if f.read(2) != b"\x1f\x8b" or size < 18:
+                return size
+            f.seek(-4, os.SEEK_END)
+            return max(size, int.from_bytes(f.read(4), "little"))
+    except OSError:
+        return 0
+
+
+def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options | None = None, lenient: bool = False,
+                 show_progress: bool = False) -> Analysis:
     """Load ``path`` and run every analyzer.
 
     Args:
@@ -13,9 +33,32 @@ def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options 
         phase_regex: shorthand for ``Options(phase_regex=...)`` when ``options`` is None.
         options: every analysis option.
         lenient: repair numbers written with a decimal comma (Kineto).
+        show_progress: draw a progress bar on stderr (when it is a terminal) for inputs over
+            100 MB (uncompressed).
 
     Raises:
         DiagnoseError: unusable input or options.
     """
-    trace = load_trace(path, lenient=lenient)
-    return analyze(trace, options or Options(phase_regex=tuple(phase_regex)))
+    opts = options or Options(phase_regex=tuple(phase_regex))
+    size = input_size(path) if show_progress else 0
+    console = None
+    if size >= PROGRESS_MIN_BYTES and os.path.getsize(path) >= 5 * 10**6:
+        from rich.console import Console
+
+        console = Console(stderr=True)
+    if console is None or not console.is_terminal:
+        return analyze(load_trace(path, lenient=lenient), opts)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task(f"reading {os.path.basename(path)} ({size / 1e6:,.0f} MB)", total=1.0)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=0.9 * done / max(total, 1))
+
+        trace = load_trace(path, lenient=lenient, progress=progress)
+        bar.update(task, completed=0.9, description="analysing")
+        result = analyze(trace, opts)
+        bar.update(task, completed=1.0)
+    return result

@@ -540,8 +540,9 @@ def rules_list(rules_dir, scope, fmt):
 @click.option("-v", "--verbose", is_flag=True, help="Print every case, not only failures.")
 @_guard
 def rules_test(rules_dir, verbose):
-    """Run every rule's positive and negative fixtures; exit 1 if any fails."""
-    rules = load_rules(rules_dir)
+    """Validate every rule file against its schema, run its positive and negative fixtures;
+    exit 1 if any fails."""
+    rules = load_rules(rules_dir, validate=True)
     results = run_fixtures(rules, rules_dir)
     bad = [r for r in results if not r.ok]
     for r in results:

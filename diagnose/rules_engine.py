@@ -1083,14 +1083,19 @@ def render_template(template: str, values: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
-def rule_from_dict(data: Any, where: str, expected_id: str | None = None) -> Rule:
+def rule_from_dict(data: Any, where: str, expected_id: str | None = None, validate: bool = True) -> Rule:
     """Validate one parsed rule file and compile its condition.
+
+    ``validate=False`` skips the JSON Schema check (used for the packaged rules, which the
+    test suite validates; importing jsonschema costs seconds on some installs). The
+    condition is always parsed and checked against the allowlist.
 
     Raises:
         RuleError: schema violation, id/file-name mismatch, unknown names, refused condition,
             bad summary template.
     """
-    _validate_schema(data, where)
+    if validate:
+        _validate_schema(data, where)
     rid = data["id"]
     if expected_id is not None and rid != expected_id:
         raise RuleError(f"{where}: id {rid!r} does not match the file name {expected_id!r}.yaml")
@@ -1158,32 +1163,34 @@ def _rule_files(path: str | Path | None):
         yield where, stem, text
 
 
-def load_rules(path: str | Path | None = None) -> list[Rule]:
+def load_rules(path: str | Path | None = None, validate: bool | None = None) -> list[Rule]:
     """Load and validate rule files, sorted by id.
 
     Args:
         path: a directory of ``<id>.yaml`` files (its ``fixtures/`` folder is ignored), one
             rule file, or None for the rules packaged in ``diagnose.rules``.
+        validate: check each file against ``rule.schema.json``; default: yes for user rule
+            files, no for the packaged ones (validated by the test suite and ``rules test``).
 
     Raises:
         RuleError: any invalid file (the message names it and what is wrong); duplicate ids.
     """
     if path is None:
-        return list(_packaged_rules())
-    return _load(path)
+        return list(_packaged_rules(bool(validate)))
+    return _load(path, True if validate is None else validate)
 
 
-@lru_cache(maxsize=1)
-def _packaged_rules() -> tuple[Rule, ...]:
-    return tuple(_load(None))
+@lru_cache(maxsize=2)
+def _packaged_rules(validate: bool) -> tuple[Rule, ...]:
+    return tuple(_load(None, validate))
 
 
-def _load(path) -> list[Rule]:
+def _load(path, validate: bool = True) -> list[Rule]:
     rules: list[Rule] = []
     seen: dict[str, str] = {}
     for where, stem, text in _rule_files(path):
         data = _parse_yaml(text, where)
-        r = rule_from_dict(data, where, expected_id=stem)
+        r = rule_from_dict(data, where, expected_id=stem, validate=validate)
         if r.id in seen:
             raise RuleError(f"{where}: duplicate rule id {r.id!r} (also in {seen[r.id]})")
         seen[r.id] = where

@@ -647,3 +647,12 @@ def test_rules_cli_bad_rules_dir_exits_2(tmp_path):
     r = CliRunner().invoke(rules_group, ["list", "--rules", str(tmp_path)])
     assert r.exit_code == 2
     assert "T-test.yaml" in r.output and "call to 'open'" in r.output
+
+
+def test_packaged_rules_pass_schema_validation():
+    from diagnose.rules_engine import load_rules
+
+    strict = load_rules(validate=True)
+    fast = load_rules()
+    assert [r.id for r in strict] == [r.id for r in fast]
+    assert len(strict) == 19

@@ -468,13 +468,14 @@ def _concat(parts: list[dict]) -> dict:
     return out
 
 
-def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False) -> Trace:
+def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False, progress=None) -> Trace:
     """Load a Kineto JSON trace into the normalized :class:`Trace`.
 
     Args:
         path: trace path (``.json`` or ``.json.gz``; gzip is detected by content).
         buf: the already-decompressed bytes, when the caller has read them.
         lenient: repair numbers written with a decimal comma (a locale bug) instead of failing.
+        progress: optional callback ``progress(done_bytes, total_bytes)`` for large inputs.
 
     Returns:
         Trace with int64-ns frames; data-quality notes in ``trace.quality``.
@@ -486,6 +487,10 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False) -> T
     gz_cut = None
     if buf is None:
         buf, gz_cut = read_bytes_partial(path)
+    if not gz_cut and len(buf) >= CHUNKED_MIN_BYTES and buf[:64].lstrip()[:1] == b"{":
+        trace = _load_chunked(path, buf, progress)
+        if trace is not None:
+            return trace
     fast = None
     if not gz_cut and buf[:64].lstrip()[:1] == b"{":
         try:
@@ -521,12 +526,94 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False) -> T
 _META_FIELDS = tuple(f for f in _Doc.__struct_fields__ if f != "traceEvents")
 
 
-def _build(path: str, events: list[_Event], metadata: dict[str, Any], legacy: bool,
-           repairs: list, buf_len: int, gz_cut: str | None) -> Trace:
-    """Normalized trace from decoded events and top-level metadata."""
-    base_ns = metadata.get("baseTimeNanoseconds")
-    base_ns = int(base_ns) if isinstance(base_ns, (int, float)) and not isinstance(base_ns, bool) else 0
+class _Columns:
+    """Accumulates the columns of the events the analysis needs, chunk by chunk, so that the
+    decoded structs of one chunk can be dropped before the next is decoded."""
 
+    def __init__(self, base_ns: int) -> None:
+        self.base_ns = base_ns
+        self.parts: dict[str, list[dict]] = {"gpu": [], "runtime": [], "op": [], "ann": [], "sync": []}
+        self.dropped = 0
+        self.negative = 0
+        self.bad_name = 0
+
+    def add(self, events: list[_Event]) -> None:
+        buckets = _bucket(events)
+        base_ns = self.base_ns
+        for kind in ("kernel", "memcpy", "memset"):
+            if buckets[kind]:
+                d, keep = _gpu_columns(buckets[kind], kind, base_ns)
+                self.dropped += int((~keep).sum())
+                self.parts["gpu"].append(_select(d, keep))
+        evs = buckets["runtime"]
+        if evs:
+            keep, start, end = _times(evs, base_ns)
+            self.dropped += int((~keep).sum())
+            names = list(map(_get_name, evs))
+            d = {"name": names, "api_kind": [api_kind(n) for n in names], "start_ns": start, "end_ns": end,
+                 "correlation": _arg(evs, "correlation"), "pid": _ids(list(map(_get_pid, evs))), "tid": _ids(list(map(_get_tid, evs)))}
+            self.parts["runtime"].append(_select(d, keep))
+        evs = buckets["op"]
+        if evs:
+            keep, start, end = _times(evs, base_ns)
+            self.dropped += int((~keep).sum())
+            # bytes(): small copies, so the raw slices do not pin the whole document in memory
+            d = {"name": list(map(_get_name, evs)), "start_ns": start, "end_ns": end,
+                 "external_id": _ext_ids(evs),
+                 "tid": _ids(list(map(_get_tid, evs))),
+                 "input_dims": [bytes(e.args.input_dims) if e.args is not None and e.args.input_dims else None for e in evs],
+                 "input_types": [bytes(e.args.input_types) if e.args is not None and e.args.input_types else None for e in evs]}
+            self.parts["op"].append(_select(d, keep))
+        for bucket, scope in (("ann_cpu", "cpu"), ("ann_gpu", "gpu")):
+            evs = buckets[bucket]
+            if evs:
+                keep, start, end = _times(evs, base_ns)
+                self.dropped += int((~keep).sum())
+                pids = _ids(list(map(_get_pid, evs)))
+                d = {"name": list(map(_get_name, evs)), "scope": [scope] * len(evs),
+                     "device": pids if scope == "gpu" else [-1] * len(evs),
+                     "start_ns": start, "end_ns": end, "pid": pids, "tid": _ids(list(map(_get_tid, evs)))}
+                self.parts["ann"].append(_select(d, keep))
+        evs = buckets["sync"]
+        if evs:
+            keep, start, end = _times(evs, base_ns)
+            d = {"name": list(map(_get_name, evs)), "device": _arg(evs, "device", 0), "stream": _arg(evs, "stream", 0),
+                 "start_ns": start, "end_ns": end}
+            self.parts["sync"].append(_select(d, keep))
+        for k in buckets.values():
+            for e in k:
+                if e.dur is not None and e.dur < 0:
+                    self.negative += 1
+                if "\ufffd" in e.name:
+                    self.bad_name += 1
+
+    def finish(self, trace: Trace) -> None:
+        p = self.parts
+        if p["gpu"]:
+            trace.gpu = frame(GPU_COLUMNS, _concat(p["gpu"])).sort_values(["device", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
+        if p["runtime"]:
+            trace.runtime = frame(RUNTIME_COLUMNS, _concat(p["runtime"])).sort_values("start_ns", kind="stable").reset_index(drop=True)
+        if p["op"]:
+            trace.cpu_ops = frame(CPU_OP_COLUMNS, _concat(p["op"]))
+        if p["ann"]:
+            trace.annotations = frame(ANNOTATION_COLUMNS, _concat(p["ann"])).sort_values("start_ns", kind="stable").reset_index(drop=True)
+        if p["sync"]:
+            trace.gpu_syncs = frame(SYNC_COLUMNS, _concat(p["sync"]))
+        no_ts = self.dropped - self.negative
+        if self.negative:
+            trace.note("negative_duration", f"{self.negative} event(s) with a negative duration were excluded", self.negative)
+        if no_ts:
+            trace.note("missing_timestamp", f"{no_ts} complete event(s) without a usable 'ts' were skipped", no_ts)
+        if self.bad_name:
+            trace.note("invalid_utf8_names", f"{self.bad_name} event name(s) contained invalid UTF-8 and were replaced", self.bad_name)
+
+
+def _base_ns(metadata: dict[str, Any]) -> int:
+    b = metadata.get("baseTimeNanoseconds")
+    return int(b) if isinstance(b, (int, float)) and not isinstance(b, bool) else 0
+
+
+def _new_trace(path: str, metadata: dict[str, Any], legacy: bool, repairs: list, buf_len: int, gz_cut: str | None) -> Trace:
     trace = Trace(source_path=path, source_format="kineto-json", metadata=metadata)
     for code, msg, n in repairs:
         if code == "truncated":
@@ -542,74 +629,84 @@ def _build(path: str, events: list[_Event], metadata: dict[str, Any], legacy: bo
         trace.note("truncated", f"{gz_cut}: the events recovered were analysed; every number is partial")
     if legacy:
         trace.note("legacy_event_list", "legacy top-level JSON list of events (no trace metadata)")
-
-    buckets = _bucket(events)
-    del events
-    dropped = 0
-
-    gparts = []
-    for kind in ("kernel", "memcpy", "memset"):
-        if buckets[kind]:
-            d, keep = _gpu_columns(buckets[kind], kind, base_ns)
-            dropped += int((~keep).sum())
-            gparts.append(_select(d, keep))
-    if gparts:
-        trace.gpu = frame(GPU_COLUMNS, _concat(gparts)).sort_values(["device", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
-
-    evs = buckets["runtime"]
-    if evs:
-        keep, start, end = _times(evs, base_ns)
-        dropped += int((~keep).sum())
-        names = list(map(_get_name, evs))
-        d = {"name": names, "api_kind": [api_kind(n) for n in names], "start_ns": start, "end_ns": end,
-             "correlation": _arg(evs, "correlation"), "pid": _ids(list(map(_get_pid, evs))), "tid": _ids(list(map(_get_tid, evs)))}
-        trace.runtime = frame(RUNTIME_COLUMNS, _select(d, keep)).sort_values("start_ns", kind="stable").reset_index(drop=True)
-
-    evs = buckets["op"]
-    if evs:
-        keep, start, end = _times(evs, base_ns)
-        dropped += int((~keep).sum())
-        d = {"name": [e.name for e in evs], "start_ns": start, "end_ns": end,
-             "external_id": _ext_ids(evs),
-             "tid": _ids(list(map(_get_tid, evs))),
-             "input_dims": [e.args.input_dims if e.args is not None and e.args.input_dims else None for e in evs],
-             "input_types": [e.args.input_types if e.args is not None and e.args.input_types else None for e in evs]}
-        trace.cpu_ops = frame(CPU_OP_COLUMNS, _select(d, keep))
-
-    aparts = []
-    for bucket, scope in (("ann_cpu", "cpu"), ("ann_gpu", "gpu")):
-        evs = buckets[bucket]
-        if evs:
-            keep, start, end = _times(evs, base_ns)
-            dropped += int((~keep).sum())
-            pids = _ids([e.pid for e in evs])
-            d = {"name": [e.name for e in evs], "scope": [scope] * len(evs), "device": pids if scope == "gpu" else [-1] * len(evs),
-                 "start_ns": start, "end_ns": end, "pid": pids, "tid": _ids([e.tid for e in evs])}
-            aparts.append(_select(d, keep))
-    if aparts:
-        trace.annotations = frame(ANNOTATION_COLUMNS, _concat(aparts)).sort_values("start_ns", kind="stable").reset_index(drop=True)
-
-    evs = buckets["sync"]
-    if evs:
-        keep, start, end = _times(evs, base_ns)
-        d = {"name": [e.name for e in evs], "device": _arg(evs, "device", 0), "stream": _arg(evs, "stream", 0), "start_ns": start, "end_ns": end}
-        trace.gpu_syncs = frame(SYNC_COLUMNS, _select(d, keep))
-
-    negative = sum(1 for k in buckets.values() for e in k if e.dur is not None and e.dur < 0)
-    no_ts = dropped - negative
-    bad_name = sum(1 for k in buckets.values() for e in k if "\ufffd" in e.name)
-
     trace.devices = _devices(metadata.get("deviceProperties"))
-    if negative:
-        trace.note("negative_duration", f"{negative} event(s) with a negative duration were excluded", negative)
-    if no_ts:
-        trace.note("missing_timestamp", f"{no_ts} complete event(s) without a usable 'ts' were skipped", no_ts)
-    if bad_name:
-        trace.note("invalid_utf8_names", f"{bad_name} event name(s) contained invalid UTF-8 and were replaced", bad_name)
     return trace
 
 
-def parse_input_dims(raw: msgspec.Raw | list | None) -> list | None:
+def _build(path: str, events: list[_Event], metadata: dict[str, Any], legacy: bool,
+           repairs: list, buf_len: int, gz_cut: str | None) -> Trace:
+    """Normalized trace from decoded events and top-level metadata."""
+    trace = _new_trace(path, metadata, legacy, repairs, buf_len, gz_cut)
+    cols = _Columns(_base_ns(metadata))
+    cols.add(events)
+    del events
+    cols.finish(trace)
+    return trace
+
+
+CHUNK_BYTES = 32 * 2**20
+CHUNKED_MIN_BYTES = 64 * 2**20
+_EVENT_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+
+
+class _ChunkFailed(Exception):
+    pass
+
+
+def _load_chunked(path: str, buf: bytes, progress=None) -> Trace | None:
+    """Decode ``traceEvents`` in ~32 MiB slices cut at ``},{`` boundaries; each slice's decode
+    validates its cut. Returns None (caller falls back to the whole-document path) when the
+    document or any slice does not decode cleanly."""
+    try:
+        top = msgspec.json.decode(buf, type=dict[str, msgspec.Raw])
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    raw_events = top.pop("traceEvents", None)
+    if raw_events is None:
+        return None
+    metadata: dict[str, Any] = {}
+    for k, v in top.items():
+        try:
+            metadata[k] = _any_dec.decode(v)
+        except msgspec.DecodeError:
+            metadata[k] = None
+    mv = memoryview(raw_events)
+    n = len(mv)
+    start = bytes(mv[:64]).find(b"[")
+    end = n - 1
+    while end > 0 and mv[end] != ord("]"):
+        end -= 1
+    if start < 0 or end <= start:
+        return None
+    trace = _new_trace(path, metadata, False, [], len(buf), None)
+    cols = _Columns(_base_ns(metadata))
+    dec = msgspec.json.Decoder(list[_Event])
+    pos = start + 1
+    try:
+        while pos < end:
+            target = pos + CHUNK_BYTES
+            m = _EVENT_BOUNDARY.search(mv, target, end) if target < end else None
+            cut = m.start() + 1 if m else end
+            chunk = b"[" + bytes(mv[pos:cut]) + b"]"
+            try:
+                events = dec.decode(chunk)
+            except (msgspec.DecodeError, UnicodeDecodeError):
+                raise _ChunkFailed from None
+            del chunk
+            cols.add(events)
+            del events
+            if progress is not None:
+                progress(cut, n)
+            pos = (m.end() - 1) if m else end
+    except _ChunkFailed:
+        return None
+    finally:
+        mv.release()
+    cols.finish(trace)
+    return trace
+
+
+def parse_input_dims(raw: bytes | msgspec.Raw | list | None) -> list | None:
     """Decode a cpu_op's ``Input Dims`` (kept raw at load time) into nested lists of ints."""
     if raw is None:
         return None

@@ -10,13 +10,14 @@ from diagnose.trace.normalize import normalize
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-def load_trace(path: str, lenient: bool = False) -> Trace:
+def load_trace(path: str, lenient: bool = False, progress=None) -> Trace:
     """Load ``path`` into a :class:`Trace`, choosing the loader from the file's first bytes,
     then apply the shared normalization (:mod:`diagnose.trace.normalize`).
 
     Args:
         path: Kineto JSON (.json/.json.gz), nsys SQLite, or .nsys-rep.
         lenient: Kineto only: repair numbers written with a decimal comma.
+        progress: optional ``progress(done, total)`` callback (large Kineto files).
 
     Raises:
         TraceFormatError: the file is missing, unreadable, or in no supported format.
@@ -41,5 +42,5 @@ def load_trace(path: str, lenient: bool = False) -> Trace:
     else:
         from diagnose.trace.kineto import load_kineto
 
-        trace = load_kineto(path, lenient=lenient)
+        trace = load_kineto(path, lenient=lenient, progress=progress)
     return normalize(trace)

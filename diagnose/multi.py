@@ -1,0 +1,521 @@
+"""Analyse many traces at once (one per rank of a distributed engine) and compare the ranks.
+
+Public API:
+
+- :func:`discover` lists the trace files of a directory, in rank order.
+- :func:`analyze_one` analyses one trace into its JSON report (never raises for a bad trace).
+- :func:`analyze_many` runs :func:`analyze_one` over many traces serially, on local
+  processes (``concurrent.futures.ProcessPoolExecutor``) or on a Dask cluster, and merges
+  the reports into one fleet result (per-rank summary rows, stragglers, errors).
+- :func:`find_stragglers` is the straggler rule on plain numbers.
+- :func:`render_fleet` prints the fleet result as a rich table.
+
+Only plain JSON-able report dicts travel between processes, never ``Analysis`` objects (their
+activity DataFrame is large). With Dask, every worker must be able to read the trace paths
+(shared file system) and import ``diagnose``.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import statistics
+import time
+from collections import Counter
+from typing import Any, Sequence
+
+from diagnose.errors import DiagnoseError
+
+FLEET_SCHEMA_VERSION = 1
+
+#: Straggler rule parameters (see :func:`find_stragglers`).
+STRAGGLER_MIN_EXCESS = 0.10
+STRAGGLER_MAD_K = 3.0
+STRAGGLER_MIN_RANKS = 3
+
+EXECUTORS = ("auto", "serial", "process", "dask")
+
+_TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite")
+_NSYS_REP_SUFFIXES = (".nsys-rep", ".qdrep")
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)(?!\d)", re.IGNORECASE)
+_RANK_IN_HEAD = re.compile(rb'"distributedInfo"\s*:\s*\{.{0,2000}?"rank"\s*:\s*(\d+)', re.DOTALL)
+_HEAD_BYTES = 64 * 1024
+
+
+# ---------------------------------------------------------------- discovery
+
+
+def rank_from_name(path: str) -> int | None:
+    """Rank written in a file name (``rank-3``, ``rank3``, ``rank_3``, any case), else None."""
+    m = _RANK_IN_NAME.search(os.path.basename(path))
+    return int(m.group(1)) if m else None
+
+
+def _head(path: str) -> tuple[bytes, bool]:
+    """First 64 KiB of the (decompressed) file and whether that is the whole file."""
+    try:
+        if path.endswith(".gz"):
+            with gzip.open(path, "rb") as f:
+                buf = f.read(_HEAD_BYTES + 1)
+        else:
+            with open(path, "rb") as f:
+                buf = f.read(_HEAD_BYTES + 1)
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return b"", False
+    return buf[:_HEAD_BYTES], len(buf) <= _HEAD_BYTES
+
+
+def rank_from_head(path: str) -> int | None:
+    """Kineto ``distributedInfo.rank`` when it is written in the first 64 KiB (where Kineto
+    puts it), else None. Cheap: the rest of the file is not read."""
+    if not path.endswith((".json", ".json.gz")):
+        return None
+    buf, _ = _head(path)
+    m = _RANK_IN_HEAD.search(buf)
+    return int(m.group(1)) if m else None
+
+
+def _is_sidecar(path: str) -> bool:
+    """A small, valid JSON document that is neither an object with ``traceEvents`` nor a list of
+    events (e.g. vLLM's execution_details.json) is a sidecar, not a trace. Corrupt files are kept, so that they are reported as errors."""
+    if not path.endswith((".json", ".json.gz")):
+        return False
+    buf, whole = _head(path)
+    if not whole or b"traceEvents" in buf:
+        return False
+    try:
+        doc = json.loads(buf)
+    except ValueError:
+        return False
+    if isinstance(doc, list):  # Chrome "JSON array" traces are lists of events (with "ph")
+        return bool(doc) and not any(isinstance(e, dict) and "ph" in e for e in doc)
+    return isinstance(doc, dict)
+
+
+def discover(trace_dir: str) -> list[str]:
+    """Trace files directly in ``trace_dir`` (one per rank), sorted by rank.
+
+    Files: ``*.json``, ``*.json.gz`` (``*.pt.trace.json(.gz)`` included), ``*.sqlite``, and
+    ``*.nsys-rep``/``*.qdrep`` that have no ``.sqlite`` export of the same name beside them.
+    Hidden files and small JSON sidecars without ``traceEvents`` are skipped.
+
+    Order: the rank in the file name (``rank-N``, ``rankN``, ``rank_N``) first, else the
+    Kineto ``distributedInfo.rank`` found in the file's first 64 KiB; ranked files come first
+    in rank order (ties by name), then the others by name.
+
+    Raises:
+        DiagnoseError: the directory is missing, unreadable, or holds no trace.
+    """
+    if not os.path.exists(trace_dir):
+        raise DiagnoseError(f"{trace_dir}: no such directory")
+    if not os.path.isdir(trace_dir):
+        raise DiagnoseError(f"{trace_dir}: not a directory")
+    try:
+        names = sorted(os.listdir(trace_dir))
+    except OSError as e:
+        raise DiagnoseError(f"{trace_dir}: cannot list ({e.strerror})") from None
+    files = [n for n in names if not n.startswith(".") and os.path.isfile(os.path.join(trace_dir, n))]
+    stems = {n[: -len(".sqlite")] for n in files if n.endswith(".sqlite")}
+    found: list[str] = []
+    for n in files:
+        p = os.path.join(trace_dir, n)
+        if n.endswith(_TRACE_SUFFIXES):
+            if not _is_sidecar(p):
+                found.append(p)
+        elif n.endswith(_NSYS_REP_SUFFIXES) and n.rsplit(".", 1)[0] not in stems:
+            found.append(p)
+    if not found:
+        raise DiagnoseError(f"{trace_dir}: no trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep)")
+
+    def key(p: str) -> tuple:
+        r = rank_from_name(p)
+        if r is None:
+            r = rank_from_head(p)
+        return (0, r, os.path.basename(p)) if r is not None else (1, 0, os.path.basename(p))
+
+    return sorted(found, key=key)
+
+
+# ---------------------------------------------------------------- one trace
+
+
+def _one_line(e: BaseException) -> str:
+    msg = " ".join(str(e).split()) or type(e).__name__
+    if not isinstance(e, DiagnoseError):
+        msg = f"{type(e).__name__}: {msg}"
+    return msg if len(msg) <= 300 else msg[:297] + "..."
+
+
+def _trace_rank(metadata: dict[str, Any]) -> tuple[int | None, int | None]:
+    di = metadata.get("distributedInfo") if isinstance(metadata, dict) else None
+    if not isinstance(di, dict):
+        return None, None
+
+    def as_int(v: Any) -> int | None:
+        if isinstance(v, bool):
+            return None
+        if isinstance(v, int):
+            return v
+        if isinstance(v, str) and v.strip().isdigit():
+            return int(v)
+        return None
+
+    return as_int(di.get("rank")), as_int(di.get("world_size"))
+
+
+def analyze_one(path: str, options: Any = None, lenient: bool = False) -> dict[str, Any]:
+    """Analyse one trace and return its JSON report (``Analysis.to_dict()`` with the symptom
+    verdicts), plus ``rank``/``world_size`` (Kineto ``distributedInfo``, else the rank in the
+    file name, else None) and ``rank_source`` ("trace" | "filename" | None).
+
+    Never raises for a bad trace: a failure gives ``{"source": {"path": path}, "rank": ...,
+    "error": "one line"}`` so that one bad rank does not stop a fleet run.
+    """
+    from diagnose.cli import attach_verdicts
+    from diagnose.pipeline import run_analysis
+
+    name_rank = rank_from_name(path)
+    try:
+        analysis = run_analysis(path, options=options, lenient=lenient)
+        attach_verdicts(analysis)
+        report = analysis.to_dict()
+        rank, world = _trace_rank(analysis.metadata)
+    except Exception as e:  # noqa: BLE001 - one bad rank must not kill the fleet run
+        return {"source": {"path": path}, "rank": name_rank,
+                "rank_source": "filename" if name_rank is not None else None, "error": _one_line(e)}
+    if rank is not None:
+        report["rank"], report["rank_source"] = rank, "trace"
+    else:
+        report["rank"], report["rank_source"] = name_rank, ("filename" if name_rank is not None else None)
+    report["world_size"] = world
+    return report
+
+
+# ---------------------------------------------------------------- summary rows
+
+
+def _main_phase(report: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The phase ``name`` of the device with the most GPU busy time."""
+    cands = [p for p in report.get("phases") or [] if p.get("name") == name]
+    if not cands:
+        return None
+    return max(cands, key=lambda p: p.get("gpu_busy_ms") or 0.0)  # first one on ties
+
+
+def summarize(report: dict[str, Any]) -> dict[str, Any]:
+    """One summary row for a rank's report. Phase numbers come from the decode phase when the
+    trace has decode steps, else from 'all' (named in ``phase``)."""
+    dec = _main_phase(report, "decode")
+    allp = _main_phase(report, "all")
+    ph = dec or allp or {}
+    dev_id = ph.get("device")
+    devices = report.get("devices") or []
+    named = [d for d in devices if d.get("id") == dev_id] or (devices if len(devices) == 1 else [])
+    device = (named[0].get("name") or "") if named else ""
+    tpot = ((report.get("latency") or {}).get("tpot_ms")) or {}
+    syms = report.get("symptoms") or []
+    return {
+        "rank": report.get("rank"),
+        "rank_source": report.get("rank_source"),
+        "world_size": report.get("world_size"),
+        "path": (report.get("source") or {}).get("path"),
+        "device": device,
+        "phase": ph.get("name"),
+        "steps": ph.get("steps"),
+        "tpot_p50_ms": tpot.get("p50"),
+        "tpot_p99_ms": tpot.get("p99"),
+        "launch_gap_share": ph.get("launch_gap_share"),
+        "gpu_idle_share": ph.get("gpu_idle_share"),
+        "gpu_busy_ms": ph.get("gpu_busy_ms"),
+        "wall_ms": ph.get("wall_ms"),
+        "all_wall_ms": (allp or {}).get("wall_ms"),
+        "mbu": ph.get("mbu"),
+        "top_symptom": syms[0].get("id") if syms else None,
+        "top_symptom_severity": syms[0].get("severity") if syms else None,
+        "partial": bool(report.get("partial")),
+        "straggler": False,
+    }
+
+
+# ---------------------------------------------------------------- stragglers
+
+
+def find_stragglers(values: Sequence[float | None], min_excess: float = STRAGGLER_MIN_EXCESS,
+                    mad_k: float = STRAGGLER_MAD_K, min_ranks: int = STRAGGLER_MIN_RANKS) -> tuple[list[int], dict[str, Any]]:
+    """Indices of the straggler values (higher = slower) and the statistics used.
+
+    Rule: with ``m`` the median of the known values and ``MAD`` the median of ``|v - m|``,
+    ``v`` is a straggler when ``v > m * (1 + min_excess)`` AND ``v - m > mad_k * MAD``, i.e.
+    more than 10 % slower than the median rank and more than 3 MADs above it (defaults).
+    The 10 % floor keeps noise out when the ranks are near-identical (MAD ~ 0); the MAD term
+    keeps a broad, uneven spread from being called stragglers. Only the slow side is flagged.
+    None values are ignored; with fewer than ``min_ranks`` known values nothing is flagged.
+    """
+    known = [(i, float(v)) for i, v in enumerate(values) if v is not None]
+    stats: dict[str, Any] = {"compared": len(known), "median": None, "mad": None,
+                             "min_excess": min_excess, "mad_k": mad_k}
+    if len(known) < min_ranks:
+        stats["note"] = f"straggler check needs at least {min_ranks} ranks with the metric, got {len(known)}"
+        return [], stats
+    xs = [v for _, v in known]
+    med = statistics.median(xs)
+    mad = statistics.median([abs(v - med) for v in xs])
+    stats["median"], stats["mad"] = med, mad
+    out = [i for i, v in known if v > med * (1.0 + min_excess) and v - med > mad_k * mad]
+    return out, stats
+
+
+STRAGGLER_DEFINITION = (
+    "a rank is a straggler when its metric (decode TPOT p50 when every analysed rank has decode "
+    "steps, else the 'all' phase wall time) is more than 10 % above the median across ranks AND "
+    "more than 3 MAD (median absolute deviation) above it; at least 3 ranks needed"
+)
+
+
+def _straggler_metric(rows: list[dict[str, Any]]) -> str:
+    if rows and all(r.get("tpot_p50_ms") is not None for r in rows):
+        return "tpot_p50_ms"
+    return "all_wall_ms"
+
+
+# ---------------------------------------------------------------- executors
+
+
+def _resolve_executor(executor: str, n: int, scheduler: Any) -> str:
+    if executor not in EXECUTORS:
+        raise DiagnoseError(f"unknown executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
+    if executor != "auto":
+        return executor
+    if scheduler is not None:
+        return "dask"
+    return "process" if n > 1 and (os.cpu_count() or 1) > 1 else "serial"
+
+
+def _run_serial(paths: list[str], options: Any, lenient: bool) -> list[dict[str, Any]]:
+    return [analyze_one(p, options, lenient) for p in paths]
+
+
+def _failed(path: str, e: BaseException) -> dict[str, Any]:
+    r = rank_from_name(path)
+    return {"source": {"path": path}, "rank": r, "rank_source": "filename" if r is not None else None,
+            "error": _one_line(e)}
+
+
+def _run_process(paths: list[str], options: Any, lenient: bool, workers: int | None) -> tuple[list[dict[str, Any]], int]:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    n = max(1, min(workers or os.cpu_count() or 1, len(paths)))
+    # spawn: safe whatever threads the caller runs (fork with threads can deadlock).
+    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futs = [pool.submit(analyze_one, p, options, lenient) for p in paths]
+        out = []
+        for p, f in zip(paths, futs):
+            try:
+                out.append(f.result())
+            except Exception as e:  # noqa: BLE001 - a worker died (BrokenProcessPool, OOM kill)
+                out.append(_failed(p, e))
+    return out, n
+
+
+def _import_distributed():
+    try:
+        import distributed  # noqa: F401
+        from distributed import Client
+    except ImportError:
+        raise DiagnoseError("the Dask executor needs dask.distributed, which is not installed: pip install 'diagnose[dask]'") from None
+    return Client
+
+
+def _run_dask(paths: list[str], options: Any, lenient: bool, scheduler: Any, workers: int | None) -> tuple[list[dict[str, Any]], int | None]:
+    Client = _import_distributed()
+    own = True
+    try:
+        if isinstance(scheduler, Client):
+            client, own = scheduler, False
+        elif scheduler is None:
+            client = Client(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+        elif isinstance(scheduler, str):
+            client = Client(scheduler, timeout="10s")
+        else:  # a cluster object (LocalCluster, SLURMCluster ...)
+            client = Client(scheduler)
+    except DiagnoseError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise DiagnoseError(f"cannot connect to the Dask scheduler {scheduler!r}: {_one_line(e)}") from None
+    try:
+        keys = [f"diagnose-{i}-{os.path.basename(p)}" for i, p in enumerate(paths)]
+        futs = client.map(analyze_one, paths, options=options, lenient=lenient, key=keys, pure=False)
+        out = []
+        for p, f in zip(paths, futs):
+            try:
+                out.append(f.result())
+            except Exception as e:  # noqa: BLE001 - worker lost, KilledWorker, cancelled
+                out.append(_failed(p, e))
+        try:
+            n = len(client.scheduler_info().get("workers", {}))
+        except Exception:  # noqa: BLE001
+            n = None
+        return out, n
+    finally:
+        if own:
+            cluster = getattr(client, "cluster", None) if scheduler is None else None
+            client.close()
+            if cluster is not None:
+                cluster.close()
+
+
+# ---------------------------------------------------------------- fleet
+
+
+def _notes(rows: list[dict[str, Any]], n_traces: int) -> list[str]:
+    notes = []
+    for r in rows:
+        nr = rank_from_name(r["path"] or "")
+        if r["rank_source"] == "trace" and nr is not None and nr != r["rank"]:
+            notes.append(f"{os.path.basename(r['path'])}: file name says rank {nr}, trace says rank {r['rank']} (the trace's rank is used)")
+    dup = sorted(k for k, c in Counter(r["rank"] for r in rows if r["rank"] is not None).items() if c > 1)
+    if dup:
+        notes.append(f"rank(s) {', '.join(map(str, dup))} appear in more than one trace: are these traces from one run?")
+    worlds = {r["world_size"] for r in rows if r["world_size"] is not None}
+    if len(worlds) > 1:
+        notes.append(f"traces disagree on world_size: {sorted(worlds)}")
+    elif worlds:
+        (w,) = worlds
+        if n_traces < w:
+            notes.append(f"world_size is {w} but {n_traces} trace(s) were given: ranks are missing")
+    return notes
+
+
+def analyze_many(paths: str | Sequence[str], options: Any = None, executor: str = "auto",
+                 scheduler: Any = None, workers: int | None = None, lenient: bool = False) -> dict[str, Any]:
+    """Analyse every trace and merge the reports into one fleet result.
+
+    Args:
+        paths: trace files (their order is kept), or a directory (see :func:`discover`).
+        options: :class:`diagnose.analyzers.Options` for every trace.
+        executor: "serial"; "process" (local ``ProcessPoolExecutor``, spawn start method);
+            "dask" (one task per trace on a ``dask.distributed`` cluster); "auto" = "dask" when
+            ``scheduler`` is given, else "process" when there is more than one trace and more
+            than one CPU, else "serial".
+        scheduler: Dask only: a scheduler address ("tcp://host:8786"), a cluster object, or a
+            ``distributed.Client`` (used, not closed). None: a local Dask cluster is started.
+        workers: process pool size (default: CPU count, at most one per trace), or the number of
+            local Dask workers when ``scheduler`` is None.
+        lenient: Kineto only: repair numbers written with a decimal comma.
+
+    Returns:
+        ``{"schema_version", "executor", "workers", "elapsed_s", "ranks": [summary rows],
+        "stragglers": [...], "straggler_rule": {...}, "notes": [...], "errors": [...],
+        "reports": [full per-rank reports]}``. ``ranks`` and ``reports`` hold the traces that
+        were analysed, in the same order; ``errors`` holds ``{rank, path, error}`` for the others.
+        Straggler rule: see :func:`find_stragglers` and ``STRAGGLER_DEFINITION``.
+
+    Raises:
+        DiagnoseError: no traces, unknown executor, Dask missing or unreachable.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        p = os.fspath(paths)
+        paths = discover(p) if os.path.isdir(p) else [p]
+    paths = [os.fspath(p) for p in paths]
+    if not paths:
+        raise DiagnoseError("no trace files to analyse")
+    if options is None:
+        from diagnose.analyzers import Options
+
+        options = Options()
+    kind = _resolve_executor(executor, len(paths), scheduler)
+    t0 = time.perf_counter()
+    if kind == "serial":
+        results, n_workers = _run_serial(paths, options, lenient), 1
+    elif kind == "process":
+        results, n_workers = _run_process(paths, options, lenient, workers)
+    else:
+        results, n_workers = _run_dask(paths, options, lenient, scheduler, workers)
+    elapsed = time.perf_counter() - t0
+
+    reports = [r for r in results if "error" not in r]
+    errors = [{"rank": r.get("rank"), "path": r["source"]["path"], "error": r["error"]} for r in results if "error" in r]
+    rows = [summarize(r) for r in reports]
+    metric = _straggler_metric(rows)
+    idx, stats = find_stragglers([r[metric] for r in rows])
+    stragglers = []
+    for i in idx:
+        row = rows[i]
+        row["straggler"] = True
+        v = row[metric]
+        stragglers.append({"rank": row["rank"], "path": row["path"], "metric": metric, "value": v,
+                           "median": stats["median"],
+                           "excess_share": round(v / stats["median"] - 1.0, 6) if stats["median"] else None})
+    return {
+        "schema_version": FLEET_SCHEMA_VERSION,
+        "executor": kind,
+        "workers": n_workers,
+        "elapsed_s": round(elapsed, 3),
+        "ranks": rows,
+        "stragglers": stragglers,
+        "straggler_rule": {"metric": metric, **stats, "definition": STRAGGLER_DEFINITION},
+        "notes": _notes(rows, len(paths)),
+        "errors": errors,
+        "reports": reports,
+    }
+
+
+# ---------------------------------------------------------------- terminal
+
+
+def _ms(v: Any) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _pct(v: Any) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def render_fleet(result: dict[str, Any], console: Any) -> None:
+    """Print the fleet result on a rich ``Console``: one row per rank, stragglers in bold red."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    rows = result.get("ranks") or []
+    errs = result.get("errors") or []
+    t = Table(title=f"Fleet: {len(rows) + len(errs)} trace(s), {len(rows)} analysed ({result.get('executor')})",
+              title_justify="left")
+    for col, just in (("rank", "right"), ("trace", "left"), ("device", "left"), ("phase", "left"), ("steps", "right"),
+                      ("TPOT p50 ms", "right"), ("TPOT p99 ms", "right"), ("launch gap", "right"), ("GPU idle", "right"),
+                      ("busy ms", "right"), ("wall ms", "right"), ("MBU", "right"), ("top symptom", "left")):
+        t.add_column(col, justify=just, overflow="fold")
+    for r in rows:
+        rank = "-" if r.get("rank") is None else str(r["rank"])
+        t.add_row(
+            rank + (" SLOW" if r.get("straggler") else ""),
+            escape(os.path.basename(r.get("path") or "")),
+            escape(r.get("device") or "?"),
+            r.get("phase") or "-",
+            "-" if r.get("steps") is None else str(r["steps"]),
+            _ms(r.get("tpot_p50_ms")), _ms(r.get("tpot_p99_ms")),
+            _pct(r.get("launch_gap_share")), _pct(r.get("gpu_idle_share")),
+            _ms(r.get("gpu_busy_ms")), _ms(r.get("wall_ms")), _pct(r.get("mbu")),
+            r.get("top_symptom") or "-",
+            style="bold red" if r.get("straggler") else None,
+        )
+    console.print(t)
+    rule = result.get("straggler_rule") or {}
+    strag = result.get("stragglers") or []
+    if strag:
+        for s in strag:
+            exc = s.get("excess_share")
+            console.print(f"[bold red]straggler[/]: rank {s.get('rank')} ({escape(os.path.basename(s.get('path') or ''))}) "
+                          f"{s['metric']} = {s['value']:.3f}, median {s['median']:.3f}"
+                          + (f" (+{100 * exc:.0f}%)" if exc is not None else ""), highlight=False)
+    elif rule.get("note"):
+        console.print(f"stragglers: not checked ({rule['note']})", highlight=False)
+    else:
+        console.print(f"stragglers: none ({rule.get('metric')}, median {_ms(rule.get('median'))}, MAD {_ms(rule.get('mad'))})",
+                      highlight=False)
+    for n in result.get("notes") or []:
+        console.print(f"[yellow]note[/]: {escape(n)}", highlight=False)
+    for e in errs:
+        console.print(f"[red]error[/]: rank {e.get('rank') if e.get('rank') is not None else '?'} "
+                      f"({escape(os.path.basename(e.get('path') or ''))}): {escape(str(e.get('error')))}", highlight=False)
