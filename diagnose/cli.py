@@ -94,9 +94,13 @@ def main() -> None:
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the JSON report to this file.")
 @click.option("--lenient", is_flag=True, help="Repair numbers written with a decimal comma (a locale bug) instead of refusing the file.")
+@click.option("--window", default=None, metavar="START:END",
+              help="Analyse only events starting in this window, ms from the trace start (e.g. 100:250, 500:).")
+@click.option("--device", type=int, default=None, help="Analyse only this GPU device id.")
 @attainment_options
 @guarded
-def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_path: str | None, lenient: bool, **att) -> None:
+def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_path: str | None, lenient: bool,
+                window: str | None, device: int | None, **att) -> None:
     """Analyse one trace and print the report.
 
     Attainment (MFU, MBU, bound ratio) needs the device's peaks (resolved from the trace's
@@ -105,7 +109,8 @@ def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_pat
     """
     from diagnose.pipeline import run_analysis
 
-    analysis = run_analysis(trace_path, options=make_options(phase_regex, **att), lenient=lenient, show_progress=True)
+    analysis = run_analysis(trace_path, options=make_options(phase_regex, **att), lenient=lenient, show_progress=True,
+                            window=window, device=device)
     attach_verdicts(analysis)
     report = analysis.to_dict()
     if out_path or fmt == "json":

@@ -34,6 +34,9 @@ STRAGGLER_MIN_EXCESS = 0.10
 STRAGGLER_MAD_K = 3.0
 STRAGGLER_MIN_RANKS = 3
 
+#: How long to wait for a Dask scheduler given by address.
+DASK_CONNECT_TIMEOUT = "10s"
+
 EXECUTORS = ("auto", "serial", "process", "dask")
 
 _TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite")
@@ -337,7 +340,7 @@ def _run_dask(paths: list[str], options: Any, lenient: bool, scheduler: Any, wor
         elif scheduler is None:
             client = Client(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
         elif isinstance(scheduler, str):
-            client = Client(scheduler, timeout="10s")
+            client = Client(scheduler, timeout=DASK_CONNECT_TIMEOUT)
         else:  # a cluster object (LocalCluster, SLURMCluster ...)
             client = Client(scheduler)
     except DiagnoseError:

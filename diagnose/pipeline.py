@@ -5,6 +5,7 @@ import os
 
 from diagnose.analyzers import Analysis, Options, analyze
 from diagnose.trace import load_trace
+from diagnose.trace.slice import parse_window, slice_trace
 
 
 PROGRESS_MIN_BYTES = 100 * 10**6
@@ -25,7 +26,7 @@ def input_size(path: str) -> int:
 
 
 def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options | None = None, lenient: bool = False,
-                 show_progress: bool = False) -> Analysis:
+                 show_progress: bool = False, window: str | None = None, device: int | None = None) -> Analysis:
     """Load ``path`` and run every analyzer.
 
     Args:
@@ -33,6 +34,7 @@ def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options 
         phase_regex: shorthand for ``Options(phase_regex=...)`` when ``options`` is None.
         options: every analysis option.
         lenient: repair numbers written with a decimal comma (Kineto).
+        window: ``START:END`` in ms from the trace start (``--window``); device: one device.
         show_progress: draw a progress bar on stderr (when it is a terminal) for inputs over
             100 MB (uncompressed).
 
@@ -40,6 +42,14 @@ def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options 
         DiagnoseError: unusable input or options.
     """
     opts = options or Options(phase_regex=tuple(phase_regex))
+    window_ms = parse_window(window)
+
+    def load(progress=None):
+        trace = load_trace(path, lenient=lenient, progress=progress)
+        if window_ms is not None or device is not None:
+            slice_trace(trace, window_ms, device)
+        return trace
+
     size = input_size(path) if show_progress else 0
     console = None
     if size >= PROGRESS_MIN_BYTES and os.path.getsize(path) >= 5 * 10**6:
@@ -47,7 +57,7 @@ def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options 
 
         console = Console(stderr=True)
     if console is None or not console.is_terminal:
-        return analyze(load_trace(path, lenient=lenient), opts)
+        return analyze(load(), opts)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
@@ -57,7 +67,7 @@ def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options 
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=0.9 * done / max(total, 1))
 
-        trace = load_trace(path, lenient=lenient, progress=progress)
+        trace = load(progress)
         bar.update(task, completed=0.9, description="analysing")
         result = analyze(trace, opts)
         bar.update(task, completed=1.0)

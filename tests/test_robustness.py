@@ -337,3 +337,20 @@ def test_loader_errors_are_trace_format_errors(tmp_path):
     p.mkdir()
     with pytest.raises(TraceFormatError):
         load_trace(str(p))
+
+
+# --window / --device -------------------------------------------------------------------
+def test_window_and_device_slices(kineto, tmp_path):
+    b = kineto(deviceProperties=[{"id": 0, "name": "NVIDIA H100 80GB HBM3"}, {"id": 1, "name": "NVIDIA H100 80GB HBM3"}])
+    for i in range(10):  # device 0: a 100 µs kernel every ms; device 1: one kernel
+        b.kernel("k", i * 1000, 100, device=0)
+    b.kernel("k1", 500, 50, device=1, stream=9)
+    p = str(b.write(tmp_path / "w.json"))
+    a = run_analysis(p, window="2:5")
+    assert a.phase("all", 0).kernel_count == 3  # kernels starting at 2, 3, 4 ms
+    assert "sliced_window" in _codes(a)
+    a = run_analysis(p, device=1)
+    assert [d["id"] for d in a.devices] == [1] and a.phase("all", 1).kernel_count == 1
+    for args in (["--window", "5"], ["--window", "5:2"], ["--window", "a:b"], ["--device", "7"]):
+        r = _run(["run", "--trace", p, *args])
+        assert r.exit_code == 2 and r.output.startswith("error: "), (args, r.output)
