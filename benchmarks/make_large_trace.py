@@ -1,8 +1,9 @@
 """Build large Kineto traces by replicating a real one with shifted timestamps (deterministic).
 
 Each copy shifts every ``ts`` by (copy index) x (source span + 1 ms) and offsets correlation
-and external ids, so the result is one long, consistent trace: shares stay equal to the
-source's (modulo the 1 ms seams), counts scale by the number of copies.
+and external ids, so the result is one long, consistent trace: counts and times scale by the
+number of copies, ratio-of-sums shares stay equal, and the GPU window gains one seam per copy
+(the source's CPU-only head and tail plus 1 ms), which is GPU idle time.
 
     python benchmarks/make_large_trace.py SRC OUT.json.gz --target-mb 316
     python benchmarks/make_large_trace.py SRC OUT.json.gz --copies 8
@@ -43,7 +44,8 @@ def replicate_kineto(src: str, out: str, copies: int | None = None, target_mb: f
     body = [e for e in events if e.get("ph") != "M"]
     meta = [e for e in events if e.get("ph") == "M"]
     ts = [e["ts"] for e in body if isinstance(e.get("ts"), (int, float))]
-    span = (max(ts) - min(ts)) if ts else 0.0
+    ends = [e["ts"] + (e.get("dur") or 0) for e in body if isinstance(e.get("ts"), (int, float)) and isinstance(e.get("dur", 0), (int, float))]
+    span = (max(ends) - min(ts)) if ts else 0.0
     shift_us = span + 1000.0
     max_id = 0
     for e in body:
@@ -96,49 +98,53 @@ def replicate_kineto(src: str, out: str, copies: int | None = None, target_mb: f
             n_events += len(body)
         f.write(b"]}")
     os.replace(tmp, out)
-    return {"copies": copies, "events": n_events, "bytes": written}
+    return {"copies": copies, "events": n_events, "bytes": written, "shift_us": shift_us}
 
 
 def replicate_nsys(src: str, out: str, copies: int) -> dict:
-    """Copy an nsys SQLite and append ``copies - 1`` shifted replicas of its activity rows."""
+    """Copy an nsys SQLite and append ``copies - 1`` shifted replicas of its activity rows.
+
+    Every ``CUPTI_ACTIVITY_KIND_*`` / ``NVTX_EVENTS*`` row is copied ``copies - 1`` times, copy
+    ``c`` shifted by ``c`` x (source span + 1 ms) in ``start``/``end`` and by ``c`` x (max
+    correlation id + 1) in ``correlationId``. The copies are made in SQL (``INSERT ... SELECT``
+    with shifted columns, one statement per table and copy), so 1 GB takes seconds, not minutes.
+    """
     shutil.copyfile(src, out)
     con = sqlite3.connect(out)
+    con.execute("pragma journal_mode=off")
+    con.execute("pragma synchronous=off")
     tables = [r[0] for r in con.execute("select name from sqlite_master where type='table'")]
     act = [t for t in tables if t.startswith("CUPTI_ACTIVITY_KIND_") or t.startswith("NVTX_EVENTS")]
+    cols_of = {t: [r[1] for r in con.execute(f'pragma table_info("{t}")')] for t in act}
     lo, hi = None, None
     for t in act:
-        cols = [r[1] for r in con.execute(f"pragma table_info({t})")]
-        if "start" in cols:
-            a, b = con.execute(f"select min(start), max(coalesce(end, start)) from {t}").fetchone()
+        if "start" in cols_of[t]:
+            a, b = con.execute(f'select min(start), max(coalesce("end", start)) from "{t}"').fetchone()
             if a is not None:
                 lo = a if lo is None else min(lo, a)
                 hi = b if hi is None else max(hi, b)
     shift = (hi - lo) + 1_000_000 if lo is not None else 0
     max_corr = 0
     for t in act:
-        cols = [r[1] for r in con.execute(f"pragma table_info({t})")]
-        if "correlationId" in cols:
-            max_corr = max(max_corr, con.execute(f"select coalesce(max(correlationId), 0) from {t}").fetchone()[0])
+        if "correlationId" in cols_of[t]:
+            max_corr = max(max_corr, con.execute(f'select coalesce(max(correlationId), 0) from "{t}"').fetchone()[0])
     for t in act:
-        cols = [r[1] for r in con.execute(f"pragma table_info({t})")]
-        base = con.execute(f"select * from {t}").fetchall()
-        if not base:
+        cols = cols_of[t]
+        n0 = con.execute(f'select max(rowid) from "{t}"').fetchone()[0]
+        if n0 is None:
             continue
-        idx_s = cols.index("start") if "start" in cols else None
-        idx_e = cols.index("end") if "end" in cols else None
-        idx_c = cols.index("correlationId") if "correlationId" in cols else None
-        rows = []
+        names = ", ".join(f'"{c}"' for c in cols)
         for c in range(1, copies):
-            for r in base:
-                r = list(r)
-                if idx_s is not None and r[idx_s] is not None:
-                    r[idx_s] += c * shift
-                if idx_e is not None and r[idx_e] is not None:
-                    r[idx_e] += c * shift
-                if idx_c is not None and r[idx_c] is not None:
-                    r[idx_c] += c * (max_corr + 1)
-                rows.append(r)
-        con.executemany(f"insert into {t} values ({','.join('?' * len(cols))})", rows)
+            dt, dc = c * shift, c * (max_corr + 1)
+            sel = []
+            for col in cols:
+                if col in ("start", "end"):
+                    sel.append(f'"{col}" + {dt}')  # NULL stays NULL
+                elif col == "correlationId":
+                    sel.append(f'"{col}" + {dc}')
+                else:
+                    sel.append(f'"{col}"')
+            con.execute(f'insert into "{t}" ({names}) select {", ".join(sel)} from "{t}" where rowid <= {n0}')
     con.commit()
     con.execute("vacuum")
     con.close()
