@@ -93,14 +93,16 @@ def main() -> None:
               help="Extra step-marker regex for a phase (prefill, decode, mixed); repeatable.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the JSON report to this file.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the report as one self-contained HTML file (opens offline).")
 @click.option("--lenient", is_flag=True, help="Repair numbers written with a decimal comma (a locale bug) instead of refusing the file.")
 @click.option("--window", default=None, metavar="START:END",
               help="Analyse only events starting in this window, ms from the trace start (e.g. 100:250, 500:).")
 @click.option("--device", type=int, default=None, help="Analyse only this GPU device id.")
 @attainment_options
 @guarded
-def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_path: str | None, lenient: bool,
-                window: str | None, device: int | None, **att) -> None:
+def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_path: str | None, html_path: str | None,
+                lenient: bool, window: str | None, device: int | None, **att) -> None:
     """Analyse one trace and print the report.
 
     Attainment (MFU, MBU, bound ratio) needs the device's peaks (resolved from the trace's
@@ -122,10 +124,18 @@ def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_pat
                 f.write(text + "\n")
         if fmt == "json":
             click.echo(text)
+    if html_path:
+        try:
+            from diagnose.app.html import write_html
+        except ImportError:
+            raise DiagnoseError("--html needs the web-report extra: pip install 'diagnose[app]'") from None
+        write_html(analysis, html_path)
     if fmt == "text":
         from diagnose.report.terminal import render
 
         render(analysis)
+        if html_path:
+            click.echo(f"HTML report: {html_path}")
 
 
 def _register() -> None:
@@ -139,6 +149,9 @@ def _register() -> None:
     main.add_command(compare_command)
     main.add_command(sweep_command)
     main.add_command(rules_group)
+    from diagnose.app.serve_cli import serve_command
+
+    main.add_command(serve_command)
     main.add_command(bounds_command)
     main.add_command(kv_budget_command)
 

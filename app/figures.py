@@ -1,0 +1,852 @@
+"""Pure figure builders and table data for the Dash app and the static HTML report.
+
+Every function takes the JSON report (``Analysis.to_dict()``, schema_version 1) and, where
+it needs per-activity detail, the activities frame; none of them touches global state, so
+the app's callbacks are thin wrappers and the tests call these directly.
+
+Optional report keys (added by later analyzers) are read defensively: per phase ``mfu``,
+``mbu``, ``achieved_tflops``, ``achieved_tbps``, ``arithmetic_intensity``, ``bound``,
+``bound_ratio``, ``peak_tflops``, ``peak_tbps``, ``flops``, ``bytes``, ``attainment_missing``
+(reasons) and, for the roofline's per-category points, ``category_flops`` /
+``category_bytes`` ({category: value}); top level ``symptoms``, ``not_evaluated`` and
+``gpu``. A missing value is shown as "not available" with the reason.
+
+Units: times in ms unless a name says otherwise; shares are fractions in [0, 1] (shown as
+%); TFLOP/s = 1e12 FLOP/s; TB/s = 1e12 B/s; GB = 1e9 B; GiB = 2**30 B.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from diagnose.app.timeline import (  # noqa: F401  (re-exported: the figure builders live here)
+    CATEGORY_COLORS,
+    PHASE_COLORS,
+    TimelineData,
+    category_color,
+    figure_drawn_elements,
+    parse_relayout,
+    prepare_timeline,
+    timeline_figure,
+)
+
+__all__ = [
+    "timeline_figure", "prepare_timeline", "TimelineData", "figure_drawn_elements", "parse_relayout",
+    "categories_figure", "roofline_figure", "phases_table_data", "kv_budget_data", "compare_data",
+    "kernels_table_data", "attention_rows", "banner_data", "symptom_cards_data", "not_evaluated_data",
+    "key_numbers", "expected_text", "ensure_verdicts", "fmt_value", "phases_for_device", "report_devices", "safe_id",
+    "REFERENCE_7B", "REGRESSION_THRESHOLD", "CATEGORY_COLORS", "PHASE_COLORS", "NA",
+]
+
+NA = "not available"
+SEVERITY_ORDER = ("critical", "high", "medium", "low", "info")
+SEVERITY_COLORS = {
+    "critical": "#7b0000",
+    "high": "#c62828",
+    "medium": "#ef6c00",
+    "low": "#f9a825",
+    "info": "#1565c0",
+    "none": "#2e7d32",
+    "unknown": "#616161",
+}
+
+# -- small helpers ----------------------------------------------------------------------
+
+
+def ensure_verdicts(report: dict) -> dict:
+    """Evaluate the packaged symptom rules on ``report`` when it has no ``symptoms`` yet.
+
+    Uses :func:`diagnose.rules_engine.add_verdicts_to_report` (the same rules as
+    ``diagnose run``). A report that already carries ``symptoms`` is left as it is. When the
+    engine is absent or fails, the report is returned without verdicts and
+    ``report["verdicts_error"]`` says why (the banner shows it).
+
+    Returns:
+        ``report`` (updated in place).
+    """
+    if report.get("symptoms") is not None:
+        return report
+    try:
+        from diagnose.rules_engine import add_verdicts_to_report
+    except ImportError as e:  # pragma: no cover — engine not installed
+        report["verdicts_error"] = f"rule engine not available ({e})"
+        return report
+    try:
+        add_verdicts_to_report(report)
+    except Exception as e:  # noqa: BLE001 — a broken rule must not take the report down
+        report.pop("symptoms", None)
+        report["verdicts_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    return report
+
+
+def safe_id(s: Any) -> str:
+    """An element-id-safe version of a rule id (letters, digits, '-', '_'), used by the app
+    and the HTML report for ``symptom-card-<id>``."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", str(s)).strip("-") or "x"
+
+
+def _num(v: Any) -> float | None:
+    """A finite float, or None (None, NaN, non-numbers)."""
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def fmt_value(v: Any, unit: str = "") -> str:
+    """Human text for a value in ``unit`` ("share" -> %, "x" -> ratio, "ms", ...)."""
+    if v is None:
+        return NA
+    if isinstance(v, str):
+        return v
+    f = _num(v)
+    if f is None:
+        return NA
+    if unit == "share":
+        return f"{f * 100:.1f} %"
+    if unit == "x":
+        return f"{f:.2f}×"
+    if unit in ("count", "steps"):
+        return f"{int(round(f)):,}"
+    if abs(f) >= 1000:
+        s = f"{f:,.0f}"
+    elif abs(f) >= 100:
+        s = f"{f:.1f}"
+    elif abs(f) >= 1:
+        s = f"{f:.3g}" if abs(f) < 10 else f"{f:.2f}"
+    elif f == 0:
+        s = "0"
+    else:
+        s = f"{f:.3g}"
+    return f"{s} {unit}".strip() if unit else s
+
+
+def report_devices(report: Mapping) -> list[int | None]:
+    """Device ids that have phases in the report, in report order (None for CPU-only)."""
+    out: list[int | None] = []
+    for p in report.get("phases") or []:
+        d = p.get("device")
+        if d not in out:
+            out.append(d)
+    return out
+
+
+def phases_for_device(report: Mapping, device: int | None = None) -> dict[str, dict]:
+    """{phase name: phase dict} for ``device`` (default: the first device in the report)."""
+    devs = report_devices(report)
+    if device is None and devs:
+        device = devs[0]
+    return {p["name"]: p for p in report.get("phases") or [] if p.get("device") == device}
+
+
+def _device_name(report: Mapping, device: int | None) -> str:
+    for d in report.get("devices") or []:
+        if d.get("id") == device:
+            return d.get("name") or ""
+    return ""
+
+
+def _empty_figure(title: str, message: str, height: int = 320) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(
+        title=title, height=height, xaxis=dict(visible=False), yaxis=dict(visible=False),
+        annotations=[dict(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                          font=dict(size=13), align="center")],
+        meta={"mode": "empty", "reason": message},
+        plot_bgcolor="white",
+    )
+    return fig
+
+
+#: Which analyzer inputs (prefix of an ``attainment_missing`` reason) each metric needs.
+_NEEDS = {
+    "achieved_tflops": ("flops", "steps"),
+    "achieved_tbps": ("bytes", "steps"),
+    "flops": ("flops", "steps"),
+    "bytes": ("bytes", "steps"),
+    "mfu": ("flops", "peak", "steps"),
+    "mbu": ("bytes", "peak", "steps"),
+    "arithmetic_intensity": ("flops", "bytes", "steps"),
+    "bound": ("flops", "bytes", "peak", "steps"),
+    "bound_ratio": ("flops", "bytes", "peak", "steps"),
+}
+
+
+def _missing_reason(phase: Mapping | None, key: str, what: str) -> str:
+    """Why ``key`` is missing from a phase dict (uses the analyzer's ``attainment_missing``,
+    keeping the reasons that concern the inputs ``key`` needs)."""
+    if phase is None:
+        return "phase not in this trace"
+    if key not in phase:
+        return f"{what} not computed by the analyzer that produced this report"
+    reasons = [str(r) for r in phase.get("attainment_missing") or []]
+    needs = _NEEDS.get(key)
+    if needs:
+        relevant = [r for r in reasons if r.split(" ", 1)[0].split("(", 1)[0].lower() in needs]
+        reasons = relevant or reasons
+    if reasons:
+        return "; ".join(reasons)
+    return f"{what} unknown for this phase"
+
+
+# -- categories ------------------------------------------------------------------------
+
+
+def categories_figure(report: Mapping, device: int | None = None) -> go.Figure:
+    """Horizontal stacked bars: kernel/copy time per category (ms) for each phase.
+
+    One trace per category (legend = category), one bar per phase of ``device`` (default the
+    first device). Hover shows ms and the share of the phase's activity time.
+    """
+    phases = phases_for_device(report, device)
+    names = [n for n, p in phases.items() if p.get("categories_ms")]
+    if not names:
+        return _empty_figure("Time by kernel category",
+                             "No GPU activity in this trace: no kernel categories to show.")
+    cats: list[str] = []
+    for n in names:
+        for c in phases[n]["categories_ms"]:
+            if c not in cats:
+                cats.append(c)
+    labels = [f"{n} ({phases[n].get('steps', 0)} steps)" if n != "all" else "all (whole trace)" for n in names]
+    totals = [sum(_num(v) or 0.0 for v in phases[n]["categories_ms"].values()) for n in names]
+    fig = go.Figure()
+    for c in cats:
+        ms = [_num(phases[n]["categories_ms"].get(c)) or 0.0 for n in names]
+        share = [m / t if t else 0.0 for m, t in zip(ms, totals)]
+        fig.add_trace(go.Bar(
+            y=labels, x=ms, name=c, orientation="h", marker_color=category_color(c),
+            customdata=np.array(share) * 100,
+            hovertemplate=f"{c}: %{{x:.3f}} ms (%{{customdata:.1f}} %)<extra>%{{y}}</extra>",
+        ))
+    fig.update_layout(
+        title="Time by kernel category per phase (ms; attention share in the table below)",
+        barmode="stack", height=160 + 50 * len(names), xaxis_title="ms of GPU activity",
+        yaxis=dict(autorange="reversed"), legend=dict(orientation="h", y=-0.3), plot_bgcolor="white",
+        margin=dict(l=170, r=20, t=50, b=40), meta={"mode": "categories", "phases": names, "categories": cats},
+    )
+    return fig
+
+
+def attention_rows(report: Mapping) -> list[dict]:
+    """Attention share of kernel time per (device, phase), with the domain.md §5 reading."""
+    out = []
+    for p in report.get("phases") or []:
+        share = _num(p.get("attention_share"))
+        out.append({
+            "device": p.get("device"), "phase": p.get("name"), "attention_share": share,
+            "attention_ms": _num((p.get("categories_ms") or {}).get("attention")),
+            "text": fmt_value(share, "share") if share is not None else f"{NA} (no kernels)",
+        })
+    return out
+
+
+# -- kernels table ---------------------------------------------------------------------
+
+
+KERNEL_COLUMNS = ["device", "phase", "name", "category", "count", "total_ms", "mean_us", "share"]
+
+
+def kernels_table_data(report: Mapping, activities: pd.DataFrame | None = None, limit: int = 5000) -> list[dict]:
+    """Rows for the top-kernels grid: one per (device, phase, kernel name).
+
+    With ``activities`` every kernel is listed (grouped by name, phases as assigned by the
+    analysis; ``phase`` "all" = the whole device), sorted by total time, at most ``limit``
+    rows. Without it, the report's ``top_kernels`` (10 per phase) are used.
+
+    Returns:
+        Dicts with device, phase, name, category, count, total_ms, mean_us, share (of the
+        phase's kernel time, fraction).
+    """
+    rows: list[dict] = []
+    if activities is not None and len(activities):
+        k = activities[activities["kind"] == "kernel"] if "kind" in activities else activities
+        if len(k):
+            dur = (k["end_ns"] - k["start_ns"]).to_numpy(dtype=np.float64)
+            base = pd.DataFrame({"device": k["device"].to_numpy(), "phase": k["phase"].to_numpy(dtype=object) if "phase" in k else "unknown",
+                                 "name": k["name"].to_numpy(dtype=object), "category": k["category"].to_numpy(dtype=object),
+                                 "dur": dur})
+            frames = [base.assign(phase="all"), base[base["phase"] != "unknown"]]
+            both = pd.concat(frames, ignore_index=True)
+            agg = both.groupby(["device", "phase", "name"], sort=False).agg(
+                category=("category", "first"), count=("dur", "size"), total=("dur", "sum")).reset_index()
+            tot = agg.groupby(["device", "phase"])["total"].transform("sum")
+            agg["share"] = np.where(tot > 0, agg["total"] / tot, np.nan)
+            agg = agg.sort_values("total", ascending=False).head(limit)
+            for r in agg.itertuples(index=False):
+                rows.append({
+                    "device": int(r.device), "phase": str(r.phase), "name": str(r.name)[:300],
+                    "category": str(r.category), "count": int(r.count),
+                    "total_ms": round(float(r.total) / 1e6, 6),
+                    "mean_us": round(float(r.total) / r.count / 1e3, 3),
+                    "share": None if pd.isna(r.share) else round(float(r.share), 6),
+                })
+            return rows
+    for p in report.get("phases") or []:
+        for t in p.get("top_kernels") or []:
+            cnt = t.get("count") or 0
+            tot = _num(t.get("total_ms"))
+            rows.append({
+                "device": p.get("device"), "phase": p.get("name"), "name": t.get("name"),
+                "category": t.get("category"), "count": cnt, "total_ms": tot,
+                "mean_us": round(tot * 1e3 / cnt, 3) if tot is not None and cnt else None,
+                "share": _num(t.get("share")),
+            })
+    rows.sort(key=lambda r: -(r["total_ms"] or 0.0))
+    return rows[:limit]
+
+
+# -- roofline --------------------------------------------------------------------------
+
+
+def _peaks(report: Mapping, device: int | None = None) -> tuple[float | None, float | None, str]:
+    gpu = report.get("gpu") or {}
+    tf, tb, name = _num(gpu.get("peak_tflops")), _num(gpu.get("peak_tbps")), str(gpu.get("name") or "")
+    if tf is None or tb is None:
+        for p in phases_for_device(report, device).values():
+            tf = tf if tf is not None else _num(p.get("peak_tflops"))
+            tb = tb if tb is not None else _num(p.get("peak_tbps"))
+    return tf, tb, name
+
+
+def roofline_figure(report: Mapping, device: int | None = None) -> go.Figure:
+    """Roofline of the device (log-log): attainable TFLOP/s vs arithmetic intensity (FLOP/B).
+
+    Roof = min(peak TFLOP/s, AI x peak TB/s) (domain.md §3); the ridge point peak/bandwidth is
+    marked. One point per phase with ``arithmetic_intensity`` and ``achieved_tflops``; one per
+    kernel category when the phase carries ``category_flops``/``category_bytes``. Without
+    peaks the figure is empty and says why.
+
+    Returns:
+        Figure with ``layout.meta`` = {mode: "roofline"|"empty", points, not_plotted, reason}.
+    """
+    tf, tb, gname = _peaks(report, device)
+    if tf is None or tb is None:
+        devs = report_devices(report)
+        dname = _device_name(report, devs[0] if devs else None)
+        why = (f"device '{dname}' is not in the GPU peak table" if dname else
+               "the trace does not name its GPU" if devs and devs[0] is not None else "the trace has no GPU activity")
+        return _empty_figure(
+            "Roofline",
+            f"Roofline not available: no peak FLOP/s and bandwidth for this device ({why}).<br>"
+            "Re-run with --gpu NAME (e.g. H100-SXM) or --peak-tflops/--bandwidth-tbps.",
+        )
+    ridge = tf / tb
+    phases = phases_for_device(report, device)
+    pts = []
+    not_plotted = []
+    for name, p in phases.items():
+        ai, ach = _num(p.get("arithmetic_intensity")), _num(p.get("achieved_tflops"))
+        if ai is None or ach is None or ai <= 0 or ach <= 0:
+            if name != "all" and p.get("kernel_count"):
+                not_plotted.append(f"{name}: {_missing_reason(p, 'arithmetic_intensity', 'arithmetic intensity')}")
+            continue
+        pts.append(dict(kind="phase", label=name, ai=ai, tflops=ach, mfu=_num(p.get("mfu")), mbu=_num(p.get("mbu")),
+                        bound=p.get("bound"), bound_ratio=_num(p.get("bound_ratio"))))
+        cf, cb, cms = p.get("category_flops") or {}, p.get("category_bytes") or {}, p.get("categories_ms") or {}
+        for c, fl in cf.items():
+            fl, by, ms = _num(fl), _num(cb.get(c)), _num(cms.get(c))
+            if fl and by and ms:
+                pts.append(dict(kind="category", label=f"{name}: {c}", cat=c, ai=fl / by, tflops=fl / (ms / 1e3) / 1e12))
+    ais = [q["ai"] for q in pts] + [ridge]
+    x_lo = 10 ** math.floor(math.log10(max(min(ais) / 10, 1e-3)))
+    x_hi = 10 ** math.ceil(math.log10(max(ais) * 10))
+    x = np.array([x_lo, ridge, x_hi])
+    y = np.minimum(tf, x * tb)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=x[:2], y=y[:2], mode="lines", name=f"memory roof ({tb:g} TB/s)",
+                             line=dict(color="#1565c0", width=3), hovertemplate="%{x:.3g} FLOP/B → %{y:.3g} TFLOP/s<extra>memory roof</extra>"))
+    fig.add_trace(go.Scatter(x=x[1:], y=y[1:], mode="lines", name=f"compute roof ({tf:g} TFLOP/s)",
+                             line=dict(color="#c62828", width=3), hovertemplate="%{y:.3g} TFLOP/s<extra>compute roof</extra>"))
+    fig.add_trace(go.Scatter(x=[ridge], y=[tf], mode="markers+text", name=f"ridge {ridge:.0f} FLOP/B",
+                             marker=dict(symbol="diamond", size=11, color="#222"), text=[f"ridge {ridge:.0f} FLOP/B"],
+                             textposition="top left", hovertemplate="ridge point %{x:.1f} FLOP/B<extra></extra>"))
+    for kind, sym in (("phase", "circle"), ("category", "square")):
+        sel = [q for q in pts if q["kind"] == kind]
+        if not sel:
+            continue
+        colors = [PHASE_COLORS.get(q["label"], "#444") if kind == "phase" else category_color(q["cat"]) for q in sel]
+        hover = []
+        for q in sel:
+            h = f"{q['label']}<br>AI {q['ai']:.3g} FLOP/B<br>{q['tflops']:.3g} TFLOP/s"
+            if kind == "phase":
+                h += (f"<br>MFU {fmt_value(q['mfu'], 'share')} · MBU {fmt_value(q['mbu'], 'share')}"
+                      f"<br>bound: {q['bound'] or NA} · {fmt_value(q['bound_ratio'], 'x')} of lower bound")
+            hover.append(h)
+        fig.add_trace(go.Scatter(
+            x=[q["ai"] for q in sel], y=[q["tflops"] for q in sel], mode="markers+text",
+            name="phases" if kind == "phase" else "kernel categories",
+            text=[q["label"] for q in sel], textposition="bottom right", hovertext=hover, hoverinfo="text",
+            marker=dict(symbol=sym, size=14 if kind == "phase" else 9, color=colors, line=dict(width=1, color="#000")),
+        ))
+    notes = []
+    if not pts:
+        notes.append("No phase has measured FLOPs and bytes yet: only the device roof is drawn.")
+    notes += [f"not plotted — {s}" for s in not_plotted]
+    annotations = [dict(text="<br>".join(notes), x=0.01, y=0.99, xref="paper", yref="paper", showarrow=False,
+                        align="left", xanchor="left", yanchor="top", font=dict(size=11),
+                        bgcolor="rgba(255,255,255,0.85)")] if notes else []
+    title = f"Roofline — {gname or _device_name(report, device) or 'device'}: {tf:g} TFLOP/s, {tb:g} TB/s"
+    fig.update_layout(
+        title=title, height=480, plot_bgcolor="white",
+        xaxis=dict(type="log", title="arithmetic intensity (FLOP/B)", range=[math.log10(x_lo), math.log10(x_hi)], gridcolor="#eee"),
+        yaxis=dict(type="log", title="attained TFLOP/s", gridcolor="#eee",
+                   range=[math.log10(max(min([q["tflops"] for q in pts] + [x_lo * tb]) / 3, 1e-6)), math.log10(tf * 2)]),
+        shapes=[dict(type="line", x0=ridge, x1=ridge, y0=0, y1=1, xref="x", yref="paper",
+                     line=dict(dash="dot", color="#888"))],
+        annotations=annotations, legend=dict(orientation="h", y=-0.2),
+        meta={"mode": "roofline", "points": len(pts), "ridge_flop_per_byte": ridge, "not_plotted": not_plotted,
+              "reason": None},
+    )
+    return fig
+
+
+# -- phases table (domain.md §1) ---------------------------------------------------------
+
+
+# (key, metric, unit, phases it applies to (None = all), expected {phase: text})
+_PHASE_ROWS: list[tuple[str, str, str, tuple[str, ...] | None, dict[str, str]]] = [
+    ("ttft_ms", "TTFT (first prefill step)", "ms", ("prefill",), {"prefill": "business metric of prefill"}),
+    ("tpot_p50_ms", "TPOT p50", "ms", ("decode",), {"decode": "business metric of decode"}),
+    ("tpot_p90_ms", "TPOT p90", "ms", ("decode",), {}),
+    ("tpot_p99_ms", "TPOT p99", "ms", ("decode",), {"decode": "decide on p99, not the mean"}),
+    ("step_p50_ms", "step time p50", "ms", ("prefill", "decode"), {}),
+    ("step_p99_ms", "step time p99", "ms", ("prefill", "decode"), {}),
+    ("mfu", "MFU (model FLOPs utilization)", "share", None, {"prefill": "typical 40-70 %", "decode": "typical 3-15 %"}),
+    ("mbu", "MBU (model bandwidth utilization)", "share", None,
+     {"decode": "~40 % = under-fed, > 80 % = at the limit"}),
+    ("achieved_tflops", "achieved TFLOP/s", "TFLOP/s", None, {}),
+    ("achieved_tbps", "achieved TB/s", "TB/s", None, {}),
+    ("arithmetic_intensity", "arithmetic intensity", "FLOP/B", None,
+     {"prefill": "≫ ridge (GEMM)", "decode": "≈ 1 FLOP/B at batch 1 (GEMV)"}),
+    ("bound", "bound (vs ridge point)", "", None, {"prefill": "compute", "decode": "memory bandwidth"}),
+    ("bound_ratio", "time / analytic lower bound", "x", None,
+     {"prefill": "≤ 1.5× good, 3-4× a problem", "decode": "≤ 1.5× good, 3-4× a problem"}),
+    ("launch_gap_share", "launch-gap share of GPU window", "share", None,
+     {"prefill": "> 15 % = launch overhead (S3)", "decode": "> 15 % = launch overhead (S3)"}),
+    ("gpu_idle_share", "GPU idle share", "share", None, {}),
+    ("attention_share", "attention share of kernel time", "share", None,
+     {"prefill": "≫ FLOP share (~15 %) on long prompts = poor tiling"}),
+    ("gpu_busy_ms", "GPU busy", "ms", None, {}),
+    ("steps", "steps", "steps", None, {}),
+    ("kernel_count", "kernels", "count", None, {}),
+]
+
+_LATENCY_KEYS = {
+    "ttft_ms": ("ttft_ms", None),
+    "tpot_p50_ms": ("tpot_ms", "p50"),
+    "tpot_p90_ms": ("tpot_ms", "p90"),
+    "tpot_p99_ms": ("tpot_ms", "p99"),
+}
+
+
+def expected_text(row: Mapping, phases: list[str]) -> str:
+    """The domain.md §1/§3/§5 expectation for a phases-table row, as one cell of text."""
+    exp = {c: row["expected"].get(c, "") for c in phases if row["expected"].get(c)}
+    if not exp:
+        return ""
+    if len(set(exp.values())) == 1 and len(exp) > 1:
+        return next(iter(exp.values()))
+    return " · ".join(f"{c}: {v}" for c, v in exp.items())
+
+
+def phases_table_data(report: Mapping, device: int | None = None) -> dict:
+    """Prefill vs decode side by side, in the shape of domain.md §1.
+
+    Args:
+        report: the report dict.
+        device: device id (default: the first device with phases).
+
+    Returns:
+        {"device", "phases": ["prefill", "decode", (+"mixed"/"unknown" when present)],
+        "rows": [{"key", "metric", "unit", "values": {phase: number|str|None},
+        "display": {phase: text}, "reasons": {phase: why missing}, "expected": {phase: text}}]}.
+        Values are the report's numbers unchanged; "n/a" cells (a metric that does not
+        apply to a phase, e.g. TTFT for decode) have value None and display "—".
+    """
+    phases = phases_for_device(report, device)
+    cols = ["prefill", "decode"] + [n for n in ("mixed", "unknown") if n in phases]
+    lat = report.get("latency") or {}
+    rows = []
+    for key, metric, unit, applies, expected in _PHASE_ROWS:
+        values, display, reasons = {}, {}, {}
+        for ph in cols:
+            p = phases.get(ph)
+            v: Any = None
+            reason = ""
+            if applies is not None and ph not in applies:
+                values[ph], display[ph], reasons[ph] = None, "—", "not applicable"
+                continue
+            if key in _LATENCY_KEYS:
+                k1, k2 = _LATENCY_KEYS[key]
+                v = lat.get(k1) if k2 is None else (lat.get(k1) or {}).get(k2)
+                if v is None:
+                    reason = ("no prefill step in the trace" if ph == "prefill" else
+                              "needs decode steps (TPOT = interval between consecutive decode steps)")
+            elif key in ("step_p50_ms", "step_p99_ms"):
+                v = (lat.get(f"{ph}_step_ms") or {}).get("p50" if key == "step_p50_ms" else "p99")
+                if v is None:
+                    reason = f"no {ph} step in the trace"
+            else:
+                if p is None:
+                    reason = f"no {ph} phase in the trace"
+                else:
+                    v = p.get(key)
+                    if v is None:
+                        if key in ("launch_gap_share", "gpu_idle_share", "attention_share"):
+                            reason = "no GPU activity in this phase"
+                        else:
+                            reason = _missing_reason(p, key, metric)
+            values[ph] = v
+            display[ph] = fmt_value(v, unit) if v is not None else NA
+            reasons[ph] = reason
+        rows.append({"key": key, "metric": metric, "unit": unit, "values": values, "display": display,
+                     "reasons": reasons, "expected": {ph: expected.get(ph, "") for ph in cols}})
+    return {"device": device if device is not None else (report_devices(report) or [None])[0],
+            "phases": cols, "rows": rows, "tpot_definition": lat.get("tpot_definition")}
+
+
+# -- overview: banner, symptom cards -----------------------------------------------------
+
+
+def _severity_rank(s: str | None) -> int:
+    s = (s or "").lower()
+    return SEVERITY_ORDER.index(s) if s in SEVERITY_ORDER else len(SEVERITY_ORDER)
+
+
+def sorted_symptoms(report: Mapping) -> list[dict]:
+    """Fired symptoms, worst severity first (stable for equal severity)."""
+    return sorted(report.get("symptoms") or [], key=lambda s: _severity_rank(s.get("severity")))
+
+
+def banner_data(report: Mapping) -> dict:
+    """Worst-severity banner.
+
+    Returns:
+        {"severity": critical|high|medium|low|info|none|unknown, "color", "title", "text",
+        "count"}: "none" when the rules ran and nothing fired, "unknown" when the report has
+        no ``symptoms`` key (rules not run).
+    """
+    syms = report.get("symptoms")
+    not_eval = report.get("not_evaluated") or []
+    if syms is None:
+        err = report.get("verdicts_error")
+        return {"severity": "unknown", "color": SEVERITY_COLORS["unknown"], "count": 0,
+                "title": "No symptom verdict: symptom rules were not run for this report",
+                "text": "The numbers below are measured; the rule engine (S1-S7, domain.md §7) did not produce "
+                        "'symptoms' for this report" + (f": {err}." if err else ".")}
+    if not syms:
+        ne = f"; {len(not_eval)} rule(s) not evaluated (missing inputs, see below)" if not_eval else ""
+        return {"severity": "none", "color": SEVERITY_COLORS["none"], "count": 0,
+                "title": "No symptom fired", "text": f"No symptom rule fired on this trace{ne}."}
+    ss = sorted_symptoms(report)
+    worst = (ss[0].get("severity") or "info").lower()
+    return {"severity": worst, "color": SEVERITY_COLORS.get(worst, SEVERITY_COLORS["unknown"]), "count": len(ss),
+            "title": f"{worst.upper()}: {len(ss)} symptom{'s' if len(ss) != 1 else ''} fired",
+            "text": "Worst: " + " — ".join(x for x in (f"{ss[0].get('symptom') or ''} {ss[0].get('title') or ''}".strip(),
+                                                         ss[0].get("summary") or ss[0].get("id") or "") if x)}
+
+
+def _finding_text(name: str, v: Any) -> str:
+    """A finding value with the unit its name implies (``*_share`` %, ``*_ms``, ``*_us``...)."""
+    n = name.rsplit(".", 1)[-1]
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return NA if v is None else str(v)
+    if n.endswith(("_share", "_fraction", "mfu", "mbu")) or n in ("mfu", "mbu"):
+        return fmt_value(v, "share")
+    if n.endswith("_ms"):
+        return fmt_value(v, "ms")
+    if n.endswith("_us"):
+        return fmt_value(v, "µs")
+    if n.endswith(("_ratio", "_over_cpu")) or n.startswith("max_gpu_over"):
+        return fmt_value(v, "x")
+    if n.endswith("_count") or n in ("steps", "samples"):
+        return fmt_value(v, "count")
+    return _short(v)
+
+
+def _threshold_text(t: Any) -> tuple[str, str, str]:
+    """(value text, unit, rationale) of a rule threshold ``{value, unit, rationale}`` or a bare number."""
+    if isinstance(t, Mapping):
+        v, unit, why = t.get("value"), str(t.get("unit") or ""), str(t.get("rationale") or "")
+    else:
+        v, unit, why = t, "", ""
+    if _num(v) is not None and unit.lower().startswith(("fraction", "share")):
+        return fmt_value(v, "share"), unit, why
+    return _short(v), unit, why
+
+
+def _evidence_pairs(evidence: Any) -> tuple[list[dict], list[tuple[str, str]]]:
+    """Legacy/flat evidence: measured-vs-threshold pairs and other key/value items.
+
+    Understands ``{"measured"|"value": x, "threshold": y, "unit": u}`` and
+    ``{name: {"value": x, "threshold": y}}``; everything else is listed as is.
+    """
+    pairs: list[dict] = []
+    other: list[tuple[str, str]] = []
+    if not isinstance(evidence, Mapping):
+        return pairs, ([("evidence", _short(evidence))] if evidence else [])
+    ev = dict(evidence)
+    if "threshold" in ev and any(k in ev for k in ("measured", "value")):
+        m = ev.pop("measured") if "measured" in ev else ev.pop("value")
+        pairs.append({"name": str(ev.pop("metric", ev.pop("finding", "measured"))), "measured": m,
+                      "threshold": ev.pop("threshold"), "unit": str(ev.pop("unit", "") or "")})
+    for k, v in list(ev.items()):
+        if isinstance(v, Mapping) and ("threshold" in v) and any(x in v for x in ("value", "measured")):
+            pairs.append({"name": k, "measured": v.get("measured", v.get("value")), "threshold": v["threshold"],
+                          "unit": str(v.get("unit", "") or "")})
+            ev.pop(k)
+    for k, v in ev.items():
+        other.append((str(k), _short(v)))
+    return pairs, other
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, float):
+        return fmt_value(v)
+    s = str(v)
+    return s if len(s) <= 200 else s[:197] + "..."
+
+
+def symptom_cards_data(report: Mapping) -> list[dict]:
+    """One dict per fired symptom, worst first.
+
+    Keys: id, symptom, title, severity, color, summary, phase, findings [(name, text)] and
+    thresholds [(name, value text, unit, rationale)] (the rule engine's ``evidence``
+    {findings, thresholds}), pairs (flat measured-vs-threshold evidence), evidence (other
+    items), likely_cause, how_to_verify, fix, references.
+    """
+    cards = []
+    for s in sorted_symptoms(report):
+        sev = (s.get("severity") or "info").lower()
+        ev = s.get("evidence") or {}
+        findings: list[tuple[str, str]] = []
+        thresholds: list[tuple[str, str, str, str]] = []
+        if isinstance(ev, Mapping) and ("findings" in ev or "thresholds" in ev):
+            findings = [(str(k), _finding_text(str(k), v)) for k, v in (ev.get("findings") or {}).items()]
+            thresholds = [(str(k), *_threshold_text(t)) for k, t in (ev.get("thresholds") or {}).items()]
+            rest = {k: v for k, v in ev.items() if k not in ("findings", "thresholds")}
+            pairs, other = _evidence_pairs(rest) if rest else ([], [])
+        else:
+            pairs, other = _evidence_pairs(ev)
+        cards.append({
+            "id": str(s.get("id") or s.get("symptom") or f"symptom{len(cards)}"),
+            "symptom": s.get("symptom") or "", "title": s.get("title") or "", "severity": sev,
+            "color": SEVERITY_COLORS.get(sev, SEVERITY_COLORS["unknown"]),
+            "summary": s.get("summary") or "", "phase": s.get("phase") or "",
+            "findings": findings, "thresholds": thresholds,
+            "pairs": [{**p, "measured_text": fmt_value(p["measured"], p["unit"] if p["unit"] in ("share", "x") else ""),
+                       "threshold_text": fmt_value(p["threshold"], p["unit"] if p["unit"] in ("share", "x") else "")}
+                      for p in pairs],
+            "evidence": other,
+            "likely_cause": s.get("likely_cause") or "", "how_to_verify": s.get("how_to_verify") or "",
+            "fix": s.get("fix") or "", "references": [str(x) for x in s.get("references") or []],
+        })
+    return cards
+
+
+def not_evaluated_data(report: Mapping) -> list[dict]:
+    """Rules that could not be evaluated: {id, title, missing: [str], reason} (empty when absent)."""
+    out = []
+    for r in report.get("not_evaluated") or []:
+        if not isinstance(r, Mapping):
+            out.append({"id": str(r), "title": "", "missing": [], "reason": ""})
+            continue
+        miss = r.get("missing") or []
+        miss = [str(m) for m in (miss if isinstance(miss, list) else [miss])]
+        reason = str(r.get("reason") or ("missing " + ", ".join(miss) if miss else ""))
+        out.append({"id": str(r.get("id")), "title": str(r.get("title") or ""), "missing": miss, "reason": reason})
+    return out
+
+
+def key_numbers(report: Mapping) -> list[dict]:
+    """Headline numbers for the overview: TTFT, TPOT p50/p99, GPU idle and launch-gap share."""
+    lat = report.get("latency") or {}
+    allp = phases_for_device(report).get("all") or {}
+    tp = lat.get("tpot_ms") or {}
+    return [
+        {"id": "ttft", "label": "TTFT (first prefill step)", "value": lat.get("ttft_ms"), "unit": "ms"},
+        {"id": "tpot-p50", "label": "TPOT p50", "value": tp.get("p50"), "unit": "ms"},
+        {"id": "tpot-p99", "label": "TPOT p99", "value": tp.get("p99"), "unit": "ms"},
+        {"id": "idle", "label": "GPU idle share", "value": allp.get("gpu_idle_share"), "unit": "share"},
+        {"id": "launch-gap", "label": "launch-gap share", "value": allp.get("launch_gap_share"), "unit": "share"},
+    ]
+
+
+# -- KV budget (domain.md §2-3) ----------------------------------------------------------
+
+#: domain.md §2 "Reference config 7B-like" (Hugging Face config names).
+REFERENCE_7B = {
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 11008,
+    "vocab_size": 128000,
+    "tie_word_embeddings": False,
+    "_name_or_path": "reference 7B-like (domain.md §2)",
+}
+DEFAULT_CONTEXTS = (2048, 8192, 32768, 131072)
+
+
+def kv_budget_data(
+    config: Mapping | None = None,
+    *,
+    memory_gb: float | None = 80.0,
+    overhead_gb: float = 5.0,
+    contexts: Iterable[int] = DEFAULT_CONTEXTS,
+    kv_dtype: str = "fp16",
+    weight_dtype: str = "bf16",
+    kv_memory_gib: float | None = None,
+) -> dict:
+    """KV-cache calculator: per-token and per-sequence KV bytes and the concurrency table.
+
+    Args:
+        config: Hugging Face ``config.json`` fields (None = :data:`REFERENCE_7B`).
+        memory_gb: device memory, GB (1e9 B).
+        overhead_gb: runtime overhead, GB.
+        contexts: tokens per sequence, one table row each.
+        kv_dtype, weight_dtype: fp32 fp16 bf16 fp8 int8 int4.
+        kv_memory_gib: memory for the KV cache in GiB, overriding memory - overhead - weights
+            (domain.md §3 uses "~60 GiB").
+
+    Returns:
+        {"ok": True, model, kv_bytes_per_token, weight_bytes, kv_memory_bytes,
+        fragmentation_factor, rows: [{context, kv_bytes_per_sequence, kv_gib_per_sequence,
+        max_sequences, usable_sequences}]} or {"ok": False, "error": one-line message}.
+    """
+    from diagnose.accounting import FRAGMENTATION_FACTOR, GiB, ModelSpec, kv_budget, kv_bytes_per_token, weight_bytes
+    from diagnose.errors import DiagnoseError
+
+    try:
+        spec = ModelSpec.from_hf_config(dict(config if config is not None else REFERENCE_7B))
+        per_tok = kv_bytes_per_token(spec, kv_dtype)
+        wb = weight_bytes(spec, weight_dtype)
+        ctxs = [int(c) for c in contexts]
+        if not ctxs:
+            raise DiagnoseError("give at least one context length")
+        kv_mem = None if kv_memory_gib is None else int(round(float(kv_memory_gib) * GiB))
+        rows = []
+        budget = None
+        for c in ctxs:
+            budget = kv_budget(per_tok, c, memory_gb=memory_gb, overhead_gb=overhead_gb or 0.0, weight_bytes=wb,
+                               kv_memory_bytes=kv_mem)
+            rows.append({"context": c, "kv_bytes_per_sequence": budget.kv_bytes_per_sequence,
+                         "kv_gib_per_sequence": budget.kv_bytes_per_sequence / GiB,
+                         "max_sequences": budget.max_sequences, "usable_sequences": budget.usable_sequences})
+    except DiagnoseError as e:
+        return {"ok": False, "error": str(e)}
+    except (TypeError, ValueError) as e:
+        return {"ok": False, "error": f"invalid input: {e}"}
+    return {
+        "ok": True, "model": spec.name, "kv_dtype": kv_dtype, "weight_dtype": weight_dtype,
+        "kv_bytes_per_token": per_tok, "weight_bytes": wb,
+        "kv_memory_bytes": budget.kv_memory_bytes if budget else None,
+        "memory_gb": memory_gb, "overhead_gb": overhead_gb,
+        "fragmentation_factor": FRAGMENTATION_FACTOR, "rows": rows,
+    }
+
+
+# -- compare -------------------------------------------------------------------------------
+
+#: Any gated latency more than this much worse than the baseline is a regression
+#: (domain.md §7: "any of TTFT/TPOT p50/p90/p99 more than 50 % worse than baseline = roll back").
+REGRESSION_THRESHOLD = 0.5
+
+
+def _phase_value(report: Mapping, phase: str, key: str) -> float | None:
+    p = phases_for_device(report).get(phase)
+    return _num(p.get(key)) if p else None
+
+
+def _compare_metrics() -> list[tuple[str, str, str, Any, str, bool]]:
+    def lat(k1, k2=None):
+        return lambda r: _num((r.get("latency") or {}).get(k1) if k2 is None else ((r.get("latency") or {}).get(k1) or {}).get(k2))
+
+    def ph(phase, key):
+        return lambda r: _phase_value(r, phase, key)
+
+    m = [("ttft_ms", "TTFT", "ms", lat("ttft_ms"), "lower", True)]
+    for q in ("p50", "p90", "p99"):
+        m.append((f"tpot_{q}_ms", f"TPOT {q}", "ms", lat("tpot_ms", q), "lower", True))
+    for phase in ("prefill", "decode"):
+        for q in ("p50", "p99"):
+            m.append((f"{phase}_step_{q}_ms", f"{phase} step {q}", "ms", lat(f"{phase}_step_ms", q), "lower", False))
+    for phase in ("prefill", "decode", "all"):
+        m += [
+            (f"{phase}_launch_gap_share", f"{phase}: launch-gap share", "share", ph(phase, "launch_gap_share"), "lower", False),
+            (f"{phase}_gpu_idle_share", f"{phase}: GPU idle share", "share", ph(phase, "gpu_idle_share"), "lower", False),
+            (f"{phase}_attention_share", f"{phase}: attention share", "share", ph(phase, "attention_share"), "none", False),
+            (f"{phase}_mfu", f"{phase}: MFU", "share", ph(phase, "mfu"), "higher", False),
+            (f"{phase}_mbu", f"{phase}: MBU", "share", ph(phase, "mbu"), "higher", False),
+            (f"{phase}_gpu_busy_ms", f"{phase}: GPU busy", "ms", ph(phase, "gpu_busy_ms"), "none", False),
+            (f"{phase}_kernel_count", f"{phase}: kernels", "count", ph(phase, "kernel_count"), "none", False),
+        ]
+    return m
+
+
+def compare_data(report_a: Mapping, report_b: Mapping, threshold: float = REGRESSION_THRESHOLD) -> dict:
+    """Deltas of key numbers, baseline ``report_a`` vs candidate ``report_b``, and a verdict.
+
+    Verdict (domain.md §7): "regression" when any of TTFT, TPOT p50/p90/p99 present in both is
+    more than ``threshold`` (50 %) worse in B; "ok" when at least one of them is comparable
+    and none regressed; "inconclusive" when none is present in both.
+
+    Returns:
+        {"verdict", "threshold", "regressions": [metric labels], "explanation",
+        "rows": [{key, metric, unit, a, b, delta (b - a), change ((b - a) / a or None),
+        worse (bool or None), gate (bool), a_text, b_text, change_text}]} — rows where both
+        sides are missing are left out.
+    """
+    rows = []
+    regressions = []
+    gated = 0
+    for key, label, unit, get, better, gate in _compare_metrics():
+        a, b = get(report_a), get(report_b)
+        if a is None and b is None:
+            continue
+        delta = change = worse = None
+        if a is not None and b is not None:
+            delta = b - a
+            change = (delta / a) if a else None
+            if better == "lower":
+                worse = delta > 0
+            elif better == "higher":
+                worse = delta < 0
+            if gate:
+                gated += 1
+                if change is not None and change > threshold:
+                    regressions.append(label)
+        if delta is None:
+            change_text = NA
+        elif unit == "share":  # shares: percentage points, a relative change of a share misleads
+            change_text = f"{delta * 100:+.1f} pp"
+        elif change is None:
+            change_text = f"{delta:+.3g} {unit}".strip()
+        else:
+            change_text = f"{change * 100:+.1f} %"
+        rows.append({
+            "key": key, "metric": label, "unit": unit, "a": a, "b": b, "delta": delta, "change": change,
+            "worse": worse, "gate": gate, "a_text": fmt_value(a, unit), "b_text": fmt_value(b, unit),
+            "change_text": change_text,
+        })
+    if regressions:
+        verdict = "regression"
+        expl = (f"{', '.join(regressions)} more than {threshold:.0%} worse than the baseline: "
+                "roll back (domain.md §7).")
+    elif gated:
+        verdict = "ok"
+        expl = f"No TTFT/TPOT percentile is more than {threshold:.0%} worse than the baseline ({gated} compared)."
+    else:
+        verdict = "inconclusive"
+        expl = "Neither TTFT nor any TPOT percentile is present in both traces: nothing to gate on."
+    return {"verdict": verdict, "threshold": threshold, "regressions": regressions, "explanation": expl, "rows": rows}

@@ -1,0 +1,617 @@
+"""Dash app: ``create_app(paths)`` -> a ``dash.Dash`` serving the report of each trace.
+
+No module-level app or state: :func:`create_app` analyses the traces once (or takes the
+analyses it is given), keeps them in an :class:`AppState` closed over by the callbacks, and
+registers the pages explicitly (a ``dcc.Location`` router, ``use_pages=False``).
+
+Pages (path -> element ids for tests):
+
+* ``/`` Overview: ``overview-banner``, ``key-numbers``, ``symptom-card-<id>``,
+  ``not-evaluated``, ``quality-list``.
+* ``/phases``: ``phases-table-<device>``, ``gaps-table-<device>``.
+* ``/timeline``: ``timeline-graph`` (zoom re-renders full detail for the range).
+* ``/kernels``: ``categories-graph``, ``attention-share``, ``kernels-grid``.
+* ``/roofline``: ``roofline-graph``, ``roofline-note``.
+* ``/kv``: KV-cache calculator, ``kv-output``.
+* ``/compare``: ``compare-a``, ``compare-b``, ``compare-output``, ``compare-verdict``.
+
+Navigation links are ``nav-overview``, ``nav-phases``, ``nav-timeline``, ``nav-kernels``,
+``nav-roofline``, ``nav-kv``, ``nav-compare``. The trace is chosen with the
+``trace-select`` dropdown, whose values are indices into the traces given on the command
+line: no URL or callback input ever names a file.
+
+Callbacks are thin: each calls a pure ``*_view``/``render_*`` function of this module (or a
+builder of :mod:`diagnose.app.figures`) that the tests call directly.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import dash
+import dash_ag_grid as dag
+import pandas as pd
+from dash import Input, Output, State, dcc, html
+
+from diagnose.app import figures as F
+from diagnose.app.timeline import TimelineData, parse_relayout, prepare_timeline, timeline_figure
+
+#: Inputs larger than this get a progress bar on stderr while they are analysed.
+PROGRESS_THRESHOLD_BYTES = 100 * 1024 * 1024
+
+PAGES = [
+    ("overview", "/", "Overview"),
+    ("phases", "/phases", "Phases"),
+    ("timeline", "/timeline", "Timeline"),
+    ("kernels", "/kernels", "Kernels"),
+    ("roofline", "/roofline", "Roofline"),
+    ("kv", "/kv", "KV budget"),
+    ("compare", "/compare", "Compare"),
+]
+
+CSS = """
+body { font-family: -apple-system, BlinkMacSystemFont, "Segoe UI", Roboto, sans-serif; margin: 0; color: #222; }
+.dg-header { display: flex; align-items: center; gap: 1.5em; padding: 0.6em 1.2em; background: #263238; color: white; flex-wrap: wrap; }
+.dg-header h1 { font-size: 1.2em; margin: 0; }
+.dg-nav a { color: #cfd8dc; margin-right: 1em; text-decoration: none; }
+.dg-nav a.active { color: white; font-weight: 600; border-bottom: 2px solid #80cbc4; }
+.dg-select { min-width: 320px; color: #222; }
+.dg-page { padding: 1em 1.5em; max-width: 1400px; }
+.dg-banner { padding: 0.8em 1.2em; border-radius: 6px; color: white; margin-bottom: 1em; }
+.dg-banner h2 { margin: 0 0 0.3em 0; font-size: 1.25em; }
+.dg-cards { display: flex; gap: 1em; flex-wrap: wrap; }
+.dg-num { border: 1px solid #ddd; border-radius: 6px; padding: 0.5em 1em; min-width: 150px; }
+.dg-num .v { font-size: 1.4em; font-weight: 600; }
+.dg-num .l { color: #666; font-size: 0.85em; }
+.dg-card { border: 1px solid #ddd; border-left: 6px solid #999; border-radius: 6px; padding: 0.6em 1em; margin: 0.8em 0; }
+.dg-card h3 { margin: 0.2em 0; font-size: 1.05em; }
+.dg-card dt { font-weight: 600; margin-top: 0.4em; }
+.dg-card dd { margin-left: 1em; }
+.dg-sev { display: inline-block; padding: 0 0.5em; border-radius: 4px; color: white; font-size: 0.8em; margin-right: 0.5em; }
+table.dg-table { border-collapse: collapse; margin: 0.5em 0 1.5em 0; font-size: 0.92em; }
+table.dg-table th, table.dg-table td { border: 1px solid #ddd; padding: 0.3em 0.7em; text-align: left; vertical-align: top; }
+table.dg-table th { background: #f5f5f5; }
+.dg-na { color: #888; }
+.dg-why { color: #888; font-size: 0.8em; display: block; max-width: 28em; }
+.dg-muted { color: #666; font-size: 0.9em; }
+.dg-form > div { display: flex; align-items: center; gap: 0.5em; margin: 0.2em 0; }
+.dg-form label { display: inline-block; min-width: 22em; }
+.dg-form input[type=number], .dg-form input[type=text] { width: 16em; }
+.dg-form .dash-input-container, .dg-form .dash-input { max-width: 18em; }
+.dg-verdict-regression { background: #c62828; }
+.dg-verdict-ok { background: #2e7d32; }
+.dg-verdict-inconclusive { background: #616161; }
+"""
+
+
+# -- state -------------------------------------------------------------------------------
+
+
+@dataclass
+class TraceEntry:
+    """One analysed trace. ``key`` (its index as a string) is what the UI passes around."""
+
+    key: str
+    label: str
+    path: str
+    report: dict
+    activities: pd.DataFrame | None = None
+    _timeline: TimelineData | None = field(default=None, repr=False)
+    _kernels: list | None = field(default=None, repr=False)
+
+    @property
+    def timeline(self) -> TimelineData:
+        if self._timeline is None:
+            self._timeline = prepare_timeline(self.activities, self.report)
+        return self._timeline
+
+    @property
+    def kernels(self) -> list[dict]:
+        if self._kernels is None:
+            self._kernels = F.kernels_table_data(self.report, self.activities)
+        return self._kernels
+
+
+@dataclass
+class AppState:
+    """Traces served by one app, in command-line order."""
+
+    entries: list[TraceEntry]
+
+    def get(self, key: Any) -> TraceEntry:
+        """Entry for a dropdown value; anything unknown falls back to the first trace."""
+        for e in self.entries:
+            if e.key == str(key):
+                return e
+        return self.entries[0]
+
+
+def load_analyses(paths: Sequence[str], *, analyze: Callable | None = None,
+                  progress_threshold_bytes: int = PROGRESS_THRESHOLD_BYTES, console=None) -> list:
+    """Analyse each path once; a rich progress bar on stderr when any input is large.
+
+    Raises:
+        DiagnoseError: an unusable trace (propagated from ``run_analysis``).
+    """
+    if analyze is None:
+        from diagnose.pipeline import run_analysis as analyze
+    sizes = [os.path.getsize(p) if os.path.isfile(p) else 0 for p in paths]
+    if not any(s > progress_threshold_bytes for s in sizes):
+        return [analyze(p) for p in paths]
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    out = []
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console or Console(stderr=True), transient=False) as prog:
+        task = prog.add_task("analysing traces", total=len(paths))
+        for p, s in zip(paths, sizes):
+            prog.update(task, description=f"analysing {os.path.basename(p)} ({s / 1e6:,.0f} MB)")
+            out.append(analyze(p))
+            prog.advance(task)
+    return out
+
+
+def build_state(paths: Sequence[str], analyses: Sequence | None = None, *, verdicts: bool = True,
+                **load_kwargs) -> AppState:
+    """Entries for ``paths``; ``analyses`` (Analysis objects or report dicts) skip the analysis.
+
+    With ``verdicts`` (default), a report without ``symptoms`` gets the packaged symptom rules
+    evaluated on it (:func:`figures.ensure_verdicts`), as ``diagnose run`` does.
+    """
+    paths = [str(p) for p in paths]
+    if analyses is None:
+        analyses = load_analyses(paths, **load_kwargs)
+    if len(analyses) != len(paths):
+        raise ValueError(f"{len(paths)} paths but {len(analyses)} analyses")
+    names = [os.path.basename(p) or p for p in paths]
+    entries = []
+    for i, (p, a) in enumerate(zip(paths, analyses)):
+        label = names[i] if names.count(names[i]) == 1 else f"{names[i]} [{i + 1}]"
+        if isinstance(a, Mapping):
+            report, acts = dict(a), None
+        else:
+            report, acts = a.to_dict(), getattr(a, "activities", None)
+        if verdicts:
+            F.ensure_verdicts(report)
+        entries.append(TraceEntry(key=str(i), label=label, path=p, report=report, activities=acts))
+    if not entries:
+        raise ValueError("create_app needs at least one trace")
+    return AppState(entries)
+
+
+# -- small rendering helpers --------------------------------------------------------------
+
+
+def _cell(text: str, reason: str = "") -> html.Td:
+    if text == F.NA:
+        return html.Td([html.Span(F.NA, className="dg-na"), html.Span(reason, className="dg-why")])
+    return html.Td(text, title=reason or None)
+
+
+def _table(header: list[str], body: list[list[Any]], id: str | None = None) -> html.Table:
+    kw = {"id": id} if id else {}
+    return html.Table(
+        [html.Thead(html.Tr([html.Th(h) for h in header])),
+         html.Tbody([html.Tr([c if isinstance(c, html.Td) else html.Td(c) for c in row]) for row in body])],
+        className="dg-table", **kw,
+    )
+
+
+def _graph(id: str, fig) -> dcc.Graph:
+    return dcc.Graph(id=id, figure=fig, config={"displaylogo": False, "responsive": True})
+
+
+# -- pages ---------------------------------------------------------------------------------
+
+
+def overview_page(entry: TraceEntry) -> html.Div:
+    """Overview: worst-severity banner, key numbers, symptom cards, rules not evaluated, quality."""
+    r = entry.report
+    b = F.banner_data(r)
+    parts: list[Any] = [
+        html.Div([html.H2(b["title"]), html.Div(b["text"])], id="overview-banner", className="dg-banner",
+                 style={"background": b["color"]}, **{"data-severity": b["severity"]}),
+        html.Div([html.Div([html.Div(F.fmt_value(k["value"], k["unit"]), className="v"), html.Div(k["label"], className="l")],
+                           className="dg-num", id=f"num-{k['id']}") for k in F.key_numbers(r)],
+                 className="dg-cards", id="key-numbers"),
+    ]
+    cards = F.symptom_cards_data(r)
+    parts.append(html.H2("Symptoms"))
+    if cards:
+        for c in cards:
+            parts.append(symptom_card(c))
+    elif r.get("symptoms") is None:
+        parts.append(html.P("Symptom rules were not run for this report: no symptom can be shown.", className="dg-muted"))
+    else:
+        parts.append(html.P("No symptom fired.", className="dg-muted"))
+    ne = F.not_evaluated_data(r)
+    parts.append(html.H3("Rules not evaluated"))
+    if ne:
+        parts.append(html.Ul([html.Li([html.B(x["id"]), f" ({x['title']})" if x["title"] else "", ": " + x["reason"]])
+                              for x in ne], id="not-evaluated"))
+    else:
+        parts.append(html.P("none reported" if r.get("not_evaluated") is not None else
+                            "not available (the report has no 'not_evaluated' list)", className="dg-muted",
+                            id="not-evaluated"))
+    parts.append(html.H3("Data quality"))
+    q = r.get("quality") or []
+    parts.append(html.Ul([html.Li([html.Code(x.get("code", "")), " ", x.get("message", "")]) for x in q], id="quality-list")
+                 if q else html.P("no quality warnings", className="dg-muted", id="quality-list"))
+    src = r.get("source") or {}
+    devs = ", ".join(f"GPU {d.get('id')} {d.get('name') or '(unnamed)'}" for d in r.get("devices") or []) or "no GPU"
+    parts.append(html.P([f"Source: {os.path.basename(str(src.get('path', entry.path)))} ({src.get('format', '?')}) · {devs}",
+                         " · PARTIAL trace (truncated input)" if r.get("partial") else ""], className="dg-muted"))
+    return html.Div(parts)
+
+
+def symptom_card(c: dict) -> html.Div:
+    """One fired symptom: measured vs threshold, likely cause, how to verify, fix."""
+    head = " · ".join(x for x in (c["symptom"], c["title"]) if x) or c["id"]
+    body: list[Any] = [html.H3([html.Span(c["severity"].upper(), className="dg-sev", style={"background": c["color"]}), head]),
+                       html.P(c["summary"])]
+    dl: list[Any] = []
+    mvt: list[Any] = []
+    mvt += [html.Li(f"measured {n} = {v}") for n, v in c["findings"]]
+    mvt += [html.Li([f"threshold {n} = {v}" + (f" ({u})" if u else ""), html.Span(why, className="dg-why") if why else ""])
+            for n, v, u, why in c["thresholds"]]
+    mvt += [html.Li(f"{p['name']}: {p['measured_text']} vs threshold {p['threshold_text']}") for p in c["pairs"]]
+    if mvt:
+        dl += [html.Dt("Measured vs threshold"), html.Dd(html.Ul(mvt))]
+    if c["evidence"]:
+        dl += [html.Dt("Evidence"), html.Dd(html.Ul([html.Li(f"{k}: {v}") for k, v in c["evidence"]]))]
+    for key, label in (("likely_cause", "Likely cause"), ("how_to_verify", "How to verify"), ("fix", "Fix")):
+        if c[key]:
+            dl += [html.Dt(label), html.Dd(c[key])]
+    if c["references"]:
+        dl += [html.Dt("References"), html.Dd(", ".join(c["references"]), className="dg-muted")]
+    body.append(html.Dl(dl))
+    return html.Div(body, id=f"symptom-card-{F.safe_id(c['id'])}", className="dg-card",
+                    style={"borderLeftColor": c["color"]})
+
+
+def phases_page(entry: TraceEntry) -> html.Div:
+    """Prefill vs decode table (domain.md §1) and launch-gap statistics, per device."""
+    r = entry.report
+    parts: list[Any] = [html.H2("Prefill vs decode")]
+    devs = F.report_devices(r) or [None]
+    for d in devs:
+        t = F.phases_table_data(r, d)
+        cols = t["phases"]
+        head = ["metric"] + cols + ["expected (domain.md)"]
+        body = []
+        for row in t["rows"]:
+            body.append([row["metric"]] + [_cell(row["display"][c], row["reasons"][c]) for c in cols]
+                        + [html.Td(F.expected_text(row, cols), className="dg-muted")])
+        parts.append(html.H3(f"GPU {d}" if d is not None else "CPU only (no GPU activity)"))
+        parts.append(_table(head, body, id=f"phases-table-{d}"))
+        if t.get("tpot_definition"):
+            parts.append(html.P(f"TPOT definition: {t['tpot_definition']}", className="dg-muted"))
+        parts.append(gaps_table(r, d))
+    return html.Div(parts)
+
+
+def gaps_table(report: Mapping, device: Any) -> html.Table:
+    """Idle gaps by kind per phase: count, total ms, launch-gap p50/p99 (µs)."""
+    body = []
+    for name, p in F.phases_for_device(report, device).items():
+        g = p.get("gaps") or {}
+        ms, cnt, la = g.get("ms_by_kind") or {}, g.get("count_by_kind") or {}, g.get("launch") or {}
+        body.append([name, F.fmt_value(p.get("window_ms"), "ms"), F.fmt_value(p.get("gpu_idle_share"), "share"),
+                     f"{cnt.get('launch', 0)} / {F.fmt_value(ms.get('launch'), 'ms')}",
+                     F.fmt_value(la.get("p50_us"), "µs"), F.fmt_value(la.get("p99_us"), "µs"),
+                     f"{cnt.get('graph', 0)} / {F.fmt_value(ms.get('graph'), 'ms')}",
+                     f"{cnt.get('other', 0)} / {F.fmt_value(ms.get('other'), 'ms')}",
+                     f"{cnt.get('unattributed', 0)} / {F.fmt_value(ms.get('unattributed'), 'ms')}"])
+    return _table(["phase", "GPU window", "idle share", "launch gaps (n / total)", "launch gap p50", "launch gap p99",
+                   "graph gaps", "other gaps", "unattributed gaps"], body, id=f"gaps-table-{device}")
+
+
+def timeline_page(entry: TraceEntry, max_points: int = 20000) -> html.Div:
+    fig = timeline_figure(entry.timeline, max_points=max_points)
+    return html.Div([
+        html.H2("GPU timeline"),
+        html.P("One row per device:stream; the idle row shows gaps on the device (all streams merged): red = launch "
+               "gap (the GPU waited for the host), grey = other idle. The top row shows steps coloured by phase. "
+               "Drag to zoom: the zoomed range is re-rendered in full detail; double-click to reset.",
+               className="dg-muted"),
+        dcc.Loading(_graph("timeline-graph", fig), type="default"),
+    ])
+
+
+def kernels_page(entry: TraceEntry) -> html.Div:
+    r = entry.report
+    att = F.attention_rows(r)
+    rows = [dict(k, share_pct=None if k["share"] is None else round(k["share"] * 100, 2)) for k in entry.kernels]
+    col_defs = [
+        {"field": "phase", "width": 100}, {"field": "device", "width": 90},
+        {"field": "name", "flex": 3, "tooltipField": "name"}, {"field": "category", "width": 120},
+        {"field": "count", "width": 100, "filter": "agNumberColumnFilter"},
+        {"field": "total_ms", "headerName": "total ms", "width": 120, "filter": "agNumberColumnFilter", "sort": "desc"},
+        {"field": "mean_us", "headerName": "mean µs", "width": 110, "filter": "agNumberColumnFilter"},
+        {"field": "share_pct", "headerName": "% of phase kernel time", "width": 170, "filter": "agNumberColumnFilter"},
+    ]
+    grid = dag.AgGrid(
+        id="kernels-grid", rowData=rows, columnDefs=col_defs,
+        defaultColDef={"sortable": True, "filter": True, "resizable": True, "floatingFilter": True},
+        dashGridOptions={"pagination": True, "paginationPageSize": 25, "tooltipShowDelay": 300},
+        style={"height": "560px"},
+    )
+    src = ("every kernel of the trace, grouped by name" if entry.activities is not None else
+           "the report's top 10 kernels per phase (no activity table available)")
+    return html.Div([
+        html.H2("Kernels"),
+        _graph("categories-graph", F.categories_figure(r)),
+        html.H3("Attention share of kernel time"),
+        html.P("domain.md §5: on long prompts, attention taking clearly more than its FLOP share (~15 %) means poor "
+               "tiling (use an IO-aware kernel).", className="dg-muted"),
+        _table(["device", "phase", "attention share", "attention ms"],
+               [[a["device"], a["phase"], a["text"], F.fmt_value(a["attention_ms"], "ms")] for a in att], id="attention-share"),
+        html.H3("Top kernels"),
+        html.P(f"Rows: {src}. Sort and filter in the column headers.", className="dg-muted"),
+        grid,
+    ])
+
+
+def roofline_page(entry: TraceEntry) -> html.Div:
+    r = entry.report
+    fig = F.roofline_figure(r)
+    gpu = r.get("gpu") or {}
+    if fig.layout.meta and fig.layout.meta.get("mode") == "empty":
+        note = html.P(["Not available: ", fig.layout.meta["reason"].replace("<br>", " ")], className="dg-muted", id="roofline-note")
+    else:
+        bits = [f"Peaks: {F.fmt_value(gpu.get('peak_tflops'))} TFLOP/s dense FP16/BF16, {F.fmt_value(gpu.get('peak_tbps'))} TB/s"]
+        if gpu.get("source"):
+            bits.append(f" (source: {gpu['source']})")
+        note = html.P(bits, className="dg-muted", id="roofline-note")
+    return html.Div([html.H2("Roofline"), note, _graph("roofline-graph", fig),
+                     html.P("Below the ridge point a kernel is memory-bound: more FLOP/s does not help (domain.md §3).",
+                            className="dg-muted")])
+
+
+_KV_FIELDS = [
+    ("num_hidden_layers", "layers (num_hidden_layers)"),
+    ("hidden_size", "hidden_size"),
+    ("num_attention_heads", "num_attention_heads"),
+    ("num_key_value_heads", "num_key_value_heads"),
+    ("head_dim", "head_dim"),
+    ("intermediate_size", "intermediate_size"),
+    ("vocab_size", "vocab_size"),
+]
+_DTYPES = ["fp32", "fp16", "bf16", "fp8", "int8", "int4"]
+
+
+def kv_page(entry: TraceEntry) -> html.Div:
+    ref = F.REFERENCE_7B
+    rows = [html.Div([html.Label(label, htmlFor=f"kv-{key}"),
+                      dcc.Input(id=f"kv-{key}", type="number", min=1, step=1, value=ref[key], debounce=True)])
+            for key, label in _KV_FIELDS]
+    rows.append(html.Div([html.Label("tie_word_embeddings"),
+                          dcc.Checklist(id="kv-tie", options=[{"label": " tied", "value": "tied"}], value=[], inline=True)]))
+    ctrl = [
+        html.Div([html.Label("preset"), dcc.Dropdown(id="kv-preset", options=[{"label": "reference 7B-like (domain.md §2)", "value": "7b"},
+                                                                              {"label": "custom (edit the fields)", "value": "custom"}],
+                                                     value="7b", clearable=False, style={"width": "22em", "display": "inline-block"})]),
+        *rows,
+        html.Div([html.Label("device memory (GB = 1e9 B)"), dcc.Input(id="kv-memory", type="number", min=0, value=80, debounce=True)]),
+        html.Div([html.Label("overhead (GB)"), dcc.Input(id="kv-overhead", type="number", min=0, value=5, debounce=True)]),
+        html.Div([html.Label("context lengths (tokens, comma separated; 8k ok)"),
+                  dcc.Input(id="kv-contexts", type="text", value="2048, 8192, 32768, 131072", debounce=True)]),
+        html.Div([html.Label("KV dtype"), dcc.Dropdown(id="kv-dtype", options=_DTYPES, value="fp16", clearable=False,
+                                                       style={"width": "10em", "display": "inline-block"})]),
+        html.Div([html.Label("weight dtype"), dcc.Dropdown(id="kv-weight-dtype", options=_DTYPES, value="bf16", clearable=False,
+                                                           style={"width": "10em", "display": "inline-block"})]),
+    ]
+    model = entry.report.get("model") or {}
+    info = []
+    if model.get("kv_bytes_per_token"):
+        info.append(html.P(f"This trace's model ({model.get('name')}): {model['kv_bytes_per_token']:,} KV bytes per token "
+                           f"({model.get('kv_dtype')}), weights {F.fmt_value((model.get('weight_bytes') or 0) / 1e9, 'GB')}.",
+                           className="dg-muted"))
+    return html.Div([
+        html.H2("KV-cache budget"),
+        html.P("KV bytes per token = 2 x layers x num_key_value_heads x head_dim x bytes per element (domain.md §2). "
+               "Sequences that fit = (memory - overhead - weights) / (context x KV bytes per token); usable after "
+               "fragmentation = 75 % of that (domain.md §3).", className="dg-muted"),
+        *info,
+        html.Div(ctrl, className="dg-form"),
+        html.Div(kv_output(kv_view("7b", *[ref[k] for k, _ in _KV_FIELDS], [], 80, 5, "2048, 8192, 32768, 131072", "fp16", "bf16")),
+                 id="kv-output"),
+    ])
+
+
+def parse_contexts(text: str) -> list[int]:
+    """'2048, 8k, 32K' -> [2048, 8192, 32768]. Raises ValueError on anything else."""
+    out = []
+    for tok in re.split(r"[,\s;]+", (text or "").strip()):
+        if not tok:
+            continue
+        m = re.fullmatch(r"(\d+)([kK]?)", tok)
+        if not m:
+            raise ValueError(f"context {tok!r} is not a whole number of tokens")
+        out.append(int(m.group(1)) * (1024 if m.group(2) else 1))
+    if not out:
+        raise ValueError("give at least one context length")
+    return out
+
+
+def kv_view(preset, layers, hidden, heads, kv_heads, head_dim, inter, vocab, tie, memory_gb, overhead_gb,
+            contexts_text, kv_dtype, weight_dtype) -> dict:
+    """Calculator state from the form fields -> :func:`figures.kv_budget_data` result."""
+    try:
+        ctx = parse_contexts(contexts_text)
+    except ValueError as e:
+        return {"ok": False, "error": str(e)}
+    vals = [layers, hidden, heads, kv_heads, head_dim, inter, vocab]
+    if any(v is None for v in vals):
+        return {"ok": False, "error": "fill in every model field with a positive whole number"}
+    try:
+        cfg = {k: int(v) for (k, _), v in zip(_KV_FIELDS, vals)}
+    except (TypeError, ValueError):
+        return {"ok": False, "error": "model fields must be whole numbers"}
+    cfg["tie_word_embeddings"] = bool(tie)
+    cfg["_name_or_path"] = "custom" if preset != "7b" else F.REFERENCE_7B["_name_or_path"]
+    mem = None if memory_gb in (None, "", 0) else float(memory_gb)
+    return F.kv_budget_data(cfg, memory_gb=mem, overhead_gb=float(overhead_gb or 0), contexts=ctx,
+                            kv_dtype=kv_dtype or "fp16", weight_dtype=weight_dtype or "bf16")
+
+
+def kv_output(d: dict) -> list:
+    if not d.get("ok"):
+        return [html.P(f"error: {d.get('error')}", style={"color": "#c62828"}, id="kv-error")]
+    per_tok = d["kv_bytes_per_token"]
+    parts = [
+        html.P([html.B(f"{per_tok:,} B per token"), f" = {per_tok / 1024:,.1f} KiB ({d['kv_dtype']}); weights "
+                f"{d['weight_bytes'] / 1e9:,.2f} GB ({d['weight_dtype']})"
+                + (f"; memory for KV {d['kv_memory_bytes'] / 2**30:,.1f} GiB" if d.get("kv_memory_bytes") else "")],
+               id="kv-per-token"),
+    ]
+    body = [[f"{r['context']:,}", f"{r['kv_bytes_per_sequence'] / 2**20:,.0f} MiB ({r['kv_gib_per_sequence']:.2f} GiB)",
+             F.fmt_value(r["max_sequences"], "count") if r["max_sequences"] is not None else "— (no memory given)",
+             F.fmt_value(r["usable_sequences"], "count") if r["usable_sequences"] is not None else "—"] for r in d["rows"]]
+    parts.append(_table(["context (tokens)", "KV per sequence", "max concurrent sequences",
+                         f"usable (x{d['fragmentation_factor']:g} fragmentation)"], body, id="kv-table"))
+    return parts
+
+
+def compare_page(state: AppState) -> html.Div:
+    if len(state.entries) < 2:
+        return html.Div([
+            html.H2("Compare two traces"),
+            html.P(["Only one trace was given. Start the app with a baseline and a candidate to compare them side by "
+                    "side: ", html.Code("diagnose serve --trace baseline.json.gz --trace candidate.json.gz"),
+                    ". The verdict is 'regression' when TTFT or any TPOT percentile (p50/p90/p99) is more than 50 % "
+                    "worse than the baseline (domain.md §7)."], id="compare-help"),
+        ])
+    opts = [{"label": e.label, "value": e.key} for e in state.entries]
+    return html.Div([
+        html.H2("Compare two traces"),
+        html.Div([html.Label("baseline (A)"), dcc.Dropdown(id="compare-a", options=opts, value=state.entries[0].key, clearable=False),
+                  html.Label("candidate (B)"), dcc.Dropdown(id="compare-b", options=opts, value=state.entries[1].key, clearable=False)],
+                 style={"maxWidth": "40em"}),
+        html.Div(compare_output(state, state.entries[0].key, state.entries[1].key), id="compare-output"),
+    ])
+
+
+def compare_output(state: AppState, a_key: Any, b_key: Any) -> list:
+    a, b = state.get(a_key), state.get(b_key)
+    d = F.compare_data(a.report, b.report)
+    banner = html.Div([html.H2(d["verdict"].upper()), html.Div(d["explanation"])], id="compare-verdict",
+                      className=f"dg-banner dg-verdict-{d['verdict']}", **{"data-verdict": d["verdict"]})
+    body = [[r["metric"] + (" (gate)" if r["gate"] else ""), r["a_text"], r["b_text"],
+             html.Td(r["change_text"], style={"color": "#c62828" if r["worse"] else "#2e7d32" if r["worse"] is False else None})]
+            for r in d["rows"]]
+    return [banner, _table(["metric", f"A: {a.label}", f"B: {b.label}", "change (B vs A)"], body, id="compare-table")]
+
+
+def not_found_page(pathname: str) -> html.Div:
+    return html.Div([html.H2("Page not found"), html.P(f"No page at {pathname!r}."),
+                     html.Ul([html.Li(dcc.Link(label, href=href)) for _, href, label in PAGES])], id="not-found")
+
+
+def render_page(state: AppState, pathname: str | None, trace_key: Any) -> html.Div:
+    """Router: the page for ``pathname`` on the trace selected by ``trace_key``."""
+    entry = state.get(trace_key)
+    path = (pathname or "/").rstrip("/") or "/"
+    builders = {
+        "/": lambda: overview_page(entry),
+        "/phases": lambda: phases_page(entry),
+        "/timeline": lambda: timeline_page(entry),
+        "/kernels": lambda: kernels_page(entry),
+        "/roofline": lambda: roofline_page(entry),
+        "/kv": lambda: kv_page(entry),
+        "/compare": lambda: compare_page(state),
+    }
+    build = builders.get(path)
+    return html.Div(build() if build else not_found_page(path), className="dg-page")
+
+
+def timeline_zoom(state: AppState, relayout: dict | None, trace_key: Any, max_points: int = 20000):
+    """Figure for a timeline relayout event, or ``dash.no_update`` when the x axis did not change."""
+    action, rng = parse_relayout(relayout)
+    if action == "none":
+        return dash.no_update
+    td = state.get(trace_key).timeline
+    return timeline_figure(td, max_points=max_points, x_range=rng if action == "zoom" else None)
+
+
+def nav_classes(pathname: str | None) -> list[str]:
+    path = (pathname or "/").rstrip("/") or "/"
+    return ["active" if href == path else "" for _, href, _ in PAGES]
+
+
+# -- app factory -----------------------------------------------------------------------------
+
+
+def create_app(paths: Sequence[str], analyses: Sequence | None = None, *, title: str = "diagnose",
+               max_points: int = 20000, verdicts: bool = True, **load_kwargs) -> dash.Dash:
+    """Build the Dash app for ``paths``.
+
+    Args:
+        paths: trace files (as given on the command line), at least one.
+        analyses: precomputed ``Analysis`` objects or report dicts, aligned with ``paths``;
+            None = analyse each path now (progress bar on stderr for inputs over 100 MB).
+        title: browser title.
+        max_points: timeline drawing budget (see :func:`timeline_figure`).
+        verdicts: evaluate the symptom rules on reports that have no ``symptoms`` yet.
+        **load_kwargs: passed to :func:`load_analyses` (``analyze``, ``progress_threshold_bytes``).
+
+    Returns:
+        The app; ``app.diagnose_state`` is its :class:`AppState`.
+
+    Raises:
+        DiagnoseError: a trace cannot be analysed.
+        ValueError: no paths, or ``analyses`` does not match ``paths``.
+    """
+    state = build_state(paths, analyses, verdicts=verdicts, **load_kwargs)
+    app = dash.Dash(__name__, title=title, suppress_callback_exceptions=True, update_title=None,
+                    serve_locally=True)
+    app.index_string = app.index_string.replace("{%css%}", "{%css%}<style>" + CSS + "</style>")
+    app.layout = html.Div([
+        dcc.Location(id="url", refresh=False),
+        html.Div([
+            html.H1("diagnose"),
+            html.Nav([dcc.Link(label, href=href, id=f"nav-{key}") for key, href, label in PAGES], className="dg-nav"),
+            html.Div(dcc.Dropdown(id="trace-select", options=[{"label": e.label, "value": e.key} for e in state.entries],
+                                  value=state.entries[0].key, clearable=False, searchable=False), className="dg-select"),
+        ], className="dg-header"),
+        html.Div(id="page-content"),
+    ])
+
+    @app.callback(Output("page-content", "children"), Input("url", "pathname"), Input("trace-select", "value"))
+    def _route(pathname, trace_key):
+        return render_page(state, pathname, trace_key)
+
+    @app.callback([Output(f"nav-{key}", "className") for key, _, _ in PAGES], Input("url", "pathname"))
+    def _nav(pathname):
+        return nav_classes(pathname)
+
+    @app.callback(Output("timeline-graph", "figure"), Input("timeline-graph", "relayoutData"),
+                  State("trace-select", "value"), prevent_initial_call=True)
+    def _timeline_zoom(relayout, trace_key):
+        return timeline_zoom(state, relayout, trace_key, max_points)
+
+    @app.callback([Output(f"kv-{k}", "value") for k, _ in _KV_FIELDS], Input("kv-preset", "value"),
+                  prevent_initial_call=True)
+    def _kv_preset(preset):
+        if preset != "7b":
+            return [dash.no_update] * len(_KV_FIELDS)
+        return [F.REFERENCE_7B[k] for k, _ in _KV_FIELDS]
+
+    @app.callback(Output("kv-output", "children"),
+                  [Input("kv-preset", "value")] + [Input(f"kv-{k}", "value") for k, _ in _KV_FIELDS]
+                  + [Input("kv-tie", "value"), Input("kv-memory", "value"), Input("kv-overhead", "value"),
+                     Input("kv-contexts", "value"), Input("kv-dtype", "value"), Input("kv-weight-dtype", "value")],
+                  prevent_initial_call=True)
+    def _kv(*args):
+        return kv_output(kv_view(*args))
+
+    @app.callback(Output("compare-output", "children"), Input("compare-a", "value"), Input("compare-b", "value"),
+                  prevent_initial_call=True)
+    def _compare(a, b):
+        return compare_output(state, a, b)
+
+    app.diagnose_state = state
+    return app
