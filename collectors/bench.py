@@ -1,0 +1,828 @@
+"""Timed prefill and decode benchmark: the article's two timers (domain.md section 4).
+
+:func:`run_bench` builds a decoder-only model with Hugging Face ``transformers`` (random
+weights from a preset config, or a local checkpoint, exactly as
+:mod:`diagnose.collectors.torch_collector` does) and times:
+
+* **prefill** at each prompt length S (batch 1): one forward over ``[1, S]`` random token
+  ids with a fresh KV cache, plus the greedy (argmax) pick of the next token;
+* **decode** at each (batch B, context C): the KV cache is first built by a prefill of C
+  random tokens per sequence (in chunks of at most :data:`FILL_TOKENS_PER_FORWARD` tokens,
+  logits for the last position only) into a static cache of C + 1 slots. Each timed step
+  feeds ``[B, 1]`` token ids, attends over the C cached tokens plus itself, writes its K/V
+  into slot C and picks the next token by argmax; the cache is then rewound to C tokens
+  (outside the timed region), so every timed step runs at exactly context C.
+
+Timing: ``warmup`` untimed iterations per row first (the first calls allocate and pick
+kernels), then ``iters`` timed iterations, each read with ``time.perf_counter_ns`` after
+a device synchronize (``torch.cuda.synchronize()`` on CUDA; CPU work is synchronous).
+On CUDA each timed iteration is an NVTX range named like the torch collector's markers
+(``diagnose:prefill[bs=1 toks=S]``, ``diagnose:decode[bs=B ctx=C]``), so a benchmark run
+under ``diagnose collect nsys`` can be analysed with ``diagnose run``.
+Per row: p50/p90/p99 (numpy linear interpolation), mean, min and max in ms, and tokens/s
+(prefill: prompt tokens / p50; decode: B / p50, the decode throughput).
+
+Analytic numbers come from :mod:`diagnose.accounting`, with weights and KV cache in the
+run's dtype:
+
+* prefill: FLOPs = ``prefill_flops(spec, S, 1, lm_head="all").flops_total_causal`` (causal
+  attention, LM head over all S positions: what the naive forward timed here computes;
+  the full-mask and ``2 * P * S`` conventions are reported next to it); bytes =
+  ``prefill_bytes(spec, S, 1)`` (weights read once + the KV cache written once);
+* decode: ``decode_step(spec, B, C)``: bytes = weights + B * C * KV bytes per token,
+  FLOPs = 2 * P * B + attention over the context.
+
+Achieved TFLOP/s and TB/s divide those by the p50 time. With a device peak (resolved from
+``torch.cuda.get_device_name()`` on CUDA, or ``gpu`` / ``peak_tflops`` /
+``bandwidth_tbps``): MFU, MBU, the analytic lower bound max(FLOPs / peak FLOP/s,
+bytes / peak B/s), which of the two terms sets it (``bound``), and ``bound_ratio`` =
+p50 / lower bound. Without a peak those fields are null and ``attainment_missing`` says
+why. Units: TFLOP/s = 1e12 FLOP/s, TB/s = 1e12 B/s, GB = 1e9 B.
+
+Optional perplexity (symptom S6, domain.md section 7): over a text file, with the model's
+own tokenizer, only for real weights (``model_path``); with random weights the number is
+meaningless and is skipped with a reason.
+
+torch and transformers are imported lazily (the ``collect`` extra).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import inspect
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+from typing import Any, Callable, Sequence
+
+from diagnose import accounting
+from diagnose.accounting import ModelSpec
+from diagnose.errors import DiagnoseError
+
+BENCH_SCHEMA = "diagnose.bench"
+"""Value of ``results["schema"]``."""
+
+BENCH_SCHEMA_VERSION = 1
+"""Value of ``results["schema_version"]``."""
+
+DEFAULT_PROMPT_LENS = (512, 2048, 8192)
+DEFAULT_BATCHES = (1, 8, 32)
+DEFAULT_CONTEXTS = (2048, 16384)
+DEFAULT_WARMUP = 2
+DEFAULT_ITERS = 10
+
+FILL_TOKENS_PER_FORWARD = 8192
+"""Most tokens (batch * chunk) per forward while building a decode row's KV cache."""
+
+PERPLEXITY_WINDOW = 1024
+"""Tokens predicted per forward when computing perplexity (capped by the model's
+``max_position_embeddings - 1``)."""
+
+PERCENTILES = (50, 90, 99)
+
+_NO_PEAK_REASON = (
+    "no device peak: {what} is not in the GPU table; pass --gpu NAME or "
+    "--peak-tflops X --bandwidth-tbps Y"
+)
+
+
+# -- argument checks ----------------------------------------------------------------
+
+
+def _check_int_list(values: Any, flag: str) -> list[int]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+        raise DiagnoseError(f"{flag} needs at least one integer")
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise DiagnoseError(f"{flag} values must be integers >= 1, got {v!r}")
+        out.append(v)
+    return out
+
+
+def validate_bench_args(
+    config: dict | None,
+    model_path: str | None,
+    device: str,
+    dtype: str,
+    prompt_lens: Sequence[int],
+    batches: Sequence[int],
+    contexts: Sequence[int],
+    warmup: int,
+    iters: int,
+    perplexity_text: str | None = None,
+) -> None:
+    """Check benchmark arguments without importing torch.
+
+    Raises:
+        DiagnoseError: any argument out of range or inconsistent (one-line message).
+    """
+    from diagnose.collectors.torch_collector import DEVICES, DTYPE_NAMES
+
+    if (config is None) == (model_path is None):
+        raise DiagnoseError("give exactly one of --config or --model")
+    if config is not None and not isinstance(config, dict):
+        raise DiagnoseError("config must be a dict of Hugging Face config fields")
+    if device not in DEVICES:
+        raise DiagnoseError(f"unknown device {device!r}; choose one of: {', '.join(DEVICES)}")
+    if dtype not in DTYPE_NAMES:
+        raise DiagnoseError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPE_NAMES)}")
+    _check_int_list(prompt_lens, "--prompt-lens")
+    _check_int_list(batches, "--batches")
+    _check_int_list(contexts, "--contexts")
+    for name, value, low in (("warmup", warmup, 0), ("iters", iters, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise DiagnoseError(f"--{name} must be an integer >= {low}, got {value!r}")
+    if perplexity_text is not None and not os.path.isfile(perplexity_text):
+        raise DiagnoseError(f"--perplexity-text {perplexity_text!r}: no such file")
+
+
+# -- statistics and analytic numbers ------------------------------------------------
+
+
+def time_stats_ms(samples_ns: Sequence[int]) -> dict[str, float]:
+    """p50/p90/p99 (numpy linear interpolation), mean, min and max of timings, in ms."""
+    import numpy as np
+
+    arr = np.asarray(samples_ns, dtype=np.float64) / 1e6
+    p50, p90, p99 = (float(x) for x in np.percentile(arr, PERCENTILES))
+    return {
+        "p50": p50,
+        "p90": p90,
+        "p99": p99,
+        "mean": float(arr.mean()),
+        "min": float(arr.min()),
+        "max": float(arr.max()),
+    }
+
+
+def prefill_analytic(spec: ModelSpec, prompt_len: int, weight_dtype: str, kv_dtype: str) -> dict:
+    """Analytic FLOPs and bytes of one batch-1 prefill row (see the module docstring)."""
+    pf = accounting.prefill_flops(spec, prompt_len, 1, lm_head="all")
+    nbytes = accounting.prefill_bytes(spec, prompt_len, 1, weight_dtype, kv_dtype)
+    return {
+        "flops": pf.flops_total_causal,
+        "bytes": nbytes,
+        "flops_detail": {
+            "linear": pf.flops_linear,
+            "lm_head": pf.flops_lm_head,
+            "attention_causal": pf.flops_attention_causal,
+            "attention_full": pf.flops_attention_full,
+            "total_causal": pf.flops_total_causal,
+            "total_full": pf.flops_total_full,
+            "total_2p": pf.flops_2p_total,
+        },
+        "bytes_detail": {
+            "weight_bytes": accounting.weight_bytes(spec, weight_dtype),
+            "kv_write_bytes": prompt_len * accounting.kv_bytes_per_token(spec, kv_dtype),
+        },
+    }
+
+
+def decode_analytic(spec: ModelSpec, batch: int, context: int, weight_dtype: str, kv_dtype: str) -> dict:
+    """Analytic FLOPs and bytes of one decode step at (batch, context)."""
+    ds = accounting.decode_step(spec, batch, context, weight_dtype, kv_dtype)
+    return {
+        "flops": ds.flops_per_step,
+        "bytes": ds.bytes_per_step,
+        "flops_detail": {"matmul": ds.flops_matmul, "attention": ds.flops_attention},
+        "bytes_detail": {"weight_bytes": ds.weight_bytes, "kv_read_bytes": ds.kv_read_bytes},
+    }
+
+
+def attainment(
+    time_s: float | None, flops: int, nbytes: int, peak: Any | None, no_peak_reason: str | None
+) -> dict:
+    """Achieved TFLOP/s and TB/s at ``time_s``, and MFU/MBU/bound against ``peak``.
+
+    Args:
+        time_s: the row's p50 time in seconds (None when the row did not run).
+        flops: analytic FLOPs of one iteration.
+        nbytes: analytic bytes of one iteration.
+        peak: a :class:`diagnose.hardware.GpuPeak`, or None.
+        no_peak_reason: why ``peak`` is None (listed in ``attainment_missing``).
+
+    Returns:
+        ``achieved_tflops``, ``achieved_tbps``, ``arithmetic_intensity``, ``mfu``,
+        ``mbu``, ``bound_ms``, ``bound`` ("compute" | "memory"), ``bound_ratio``,
+        ``attainment_missing`` (list of reasons for null fields).
+    """
+    out: dict[str, Any] = {
+        "arithmetic_intensity": flops / nbytes if nbytes else None,
+        "achieved_tflops": None,
+        "achieved_tbps": None,
+        "mfu": None,
+        "mbu": None,
+        "bound_ms": None,
+        "bound": None,
+        "bound_ratio": None,
+    }
+    missing: list[str] = []
+    if time_s is None or time_s <= 0:
+        missing.append("time (the row did not run)")
+    else:
+        out["achieved_tflops"] = flops / time_s / 1e12
+        out["achieved_tbps"] = nbytes / time_s / 1e12
+    tflops = getattr(peak, "dense_fp16_tflops", None) if peak is not None else None
+    tbps = getattr(peak, "memory_bandwidth_tbps", None) if peak is not None else None
+    if peak is None:
+        missing.append(no_peak_reason or "no device peak")
+    else:
+        if not tflops:
+            missing.append("mfu (no peak TFLOP/s: pass --peak-tflops)")
+        if not tbps:
+            missing.append("mbu (no memory bandwidth: pass --bandwidth-tbps)")
+    if tflops and out["achieved_tflops"] is not None:
+        out["mfu"] = out["achieved_tflops"] / tflops
+    if tbps and out["achieved_tbps"] is not None:
+        out["mbu"] = out["achieved_tbps"] / tbps
+    if tflops and tbps:
+        compute_s = accounting.prefill_bound_s(flops, tflops)
+        memory_s = accounting.decode_step_bound_s(nbytes, tbps)
+        bound_s = max(compute_s, memory_s)
+        out["bound_ms"] = bound_s * 1e3
+        out["bound"] = "compute" if compute_s >= memory_s else "memory"
+        if time_s and bound_s > 0:
+            out["bound_ratio"] = time_s / bound_s
+    elif peak is not None:
+        missing.append("bound (needs both peak TFLOP/s and memory bandwidth)")
+    out["attainment_missing"] = missing
+    return out
+
+
+# -- torch helpers ------------------------------------------------------------------
+
+
+def _is_oom(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text
+
+
+def _forward_params(model: Any) -> set[str]:
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def _rewind(cache: Any, length: int) -> None:
+    """Set a static cache back to ``length`` tokens (the next write goes to slot ``length``)."""
+    layers = getattr(cache, "layers", None) or []
+    done = False
+    for layer in layers:
+        cum = getattr(layer, "cumulative_length", None)
+        if cum is None:
+            continue
+        if hasattr(cum, "fill_"):
+            cum.fill_(length)
+        else:
+            layer.cumulative_length = length
+        if hasattr(layer, "cumulative_length_int"):
+            layer.cumulative_length_int = length
+        done = True
+    if not done and not getattr(cache, "_diagnose_positional", False):
+        raise DiagnoseError(
+            "this transformers version's StaticCache cannot be rewound; the benchmark needs transformers >= 5"
+        )
+
+
+class _Runner:
+    """Forward helpers bound to one model, device and cache convention."""
+
+    def __init__(self, model: Any, device: str, torch_dtype: Any) -> None:
+        import torch
+
+        from diagnose.collectors import torch_collector as tc
+
+        self.torch = torch
+        self.model = model
+        self.device = device
+        self.torch_dtype = torch_dtype
+        self.cache_kw = tc._cache_kwarg(model)
+        params = _forward_params(model)
+        self.has_logits_to_keep = "logits_to_keep" in params
+        self.has_cache_position = "cache_position" in params
+        self.vocab = int(model.config.vocab_size)
+        self.sync: Callable[[], None] = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def ids(self, gen: Any, batch: int, length: int) -> Any:
+        return self.torch.randint(0, self.vocab, (batch, length), generator=gen).to(self.device)
+
+    def prefill(self, ids: Any) -> Any:
+        """One naive forward over ``ids`` with a fresh cache; returns the argmax next ids."""
+        out = self.model(input_ids=ids, use_cache=True)
+        return out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
+
+    def static_cache(self, batch: int, max_len: int) -> Any:
+        from diagnose.collectors import torch_collector as tc
+
+        cache = tc._make_static_cache(self.model, batch, max_len, self.device, self.torch_dtype)
+        cache._diagnose_positional = self.has_cache_position
+        return cache
+
+    def _cache_forward(self, ids: Any, cache: Any, start: int, last_only: bool) -> Any:
+        kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True, self.cache_kw: cache}
+        if self.has_cache_position:  # transformers 4.x: the cache writes at cache_position
+            kwargs["cache_position"] = self.torch.arange(start, start + ids.shape[1], device=self.device)
+        if last_only and self.has_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(**kwargs)
+        return out.logits[:, -1, :].argmax(dim=-1, keepdim=True)
+
+    def fill(self, cache: Any, ids: Any) -> Any:
+        """Prefill ``ids`` ([B, C]) into ``cache`` in chunks; returns the argmax next ids."""
+        batch, context = ids.shape
+        chunk = max(1, FILL_TOKENS_PER_FORWARD // batch)
+        nxt = None
+        for start in range(0, context, chunk):
+            nxt = self._cache_forward(ids[:, start : start + chunk], cache, start, last_only=True)
+        return nxt
+
+    def decode(self, ids: Any, cache: Any, context: int) -> Any:
+        """One decode step at exactly ``context`` cached tokens; returns the argmax next ids."""
+        return self._cache_forward(ids, cache, context, last_only=False)
+
+    def timed(self, fn: Callable[[], Any], marker: str, after: Callable[[], None] | None = None) -> int:
+        """Run ``fn`` between two synchronized timestamps; return the elapsed ns.
+
+        On CUDA the iteration is also an NVTX range named ``marker`` (pushed before the
+        first timestamp, popped after the second), so a run under ``diagnose collect
+        nsys`` carries the phase markers the analyzer parses.
+        """
+        nvtx = self.device == "cuda"
+        self.sync()
+        if nvtx:
+            self.torch.cuda.nvtx.range_push(marker)
+        t0 = time.perf_counter_ns()
+        fn()
+        self.sync()
+        t1 = time.perf_counter_ns()
+        if nvtx:
+            self.torch.cuda.nvtx.range_pop()
+        if after is not None:
+            after()
+        return t1 - t0
+
+
+# -- the benchmark ------------------------------------------------------------------
+
+
+def _device_name(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(torch.cuda.current_device())
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _resolve_peak(
+    device: str, device_name: str, gpu: str | None, peak_tflops: float | None, bandwidth_tbps: float | None
+) -> tuple[Any | None, str | None]:
+    """(peak, reason when None). On CPU only the flags give a peak."""
+    from diagnose.hardware import peak_from_overrides
+
+    peak = peak_from_overrides(
+        gpu=gpu,
+        peak_tflops=peak_tflops,
+        bandwidth_tbps=bandwidth_tbps,
+        device_name=device_name if device == "cuda" else "",
+    )
+    if peak is not None:
+        return peak, None
+    what = f"device {device_name!r}" if device == "cuda" else f"CPU device {device_name!r}"
+    return None, _NO_PEAK_REASON.format(what=what)
+
+
+def _peak_json(peak: Any | None) -> dict | None:
+    if peak is None:
+        return None
+    return {
+        "name": peak.name,
+        "dense_fp16_tflops": peak.dense_fp16_tflops,
+        "memory_bandwidth_tbps": peak.memory_bandwidth_tbps,
+        "ridge_flop_per_byte": peak.ridge_flop_per_byte,
+        "source": peak.source,
+        "overrides": list(peak.overrides),
+    }
+
+
+def _row(
+    scenario: str,
+    batch: int,
+    prompt_len: int | None,
+    context: int | None,
+    analytic: dict,
+    samples_ns: list[int] | None,
+    error: str | None,
+    peak: Any | None,
+    no_peak_reason: str | None,
+    warmup: int,
+) -> dict:
+    stats = time_stats_ms(samples_ns) if samples_ns else None
+    p50_s = stats["p50"] / 1e3 if stats else None
+    if p50_s:
+        tokens = prompt_len * batch if scenario == "prefill" else batch
+        tok_s = tokens / p50_s
+    else:
+        tok_s = None
+    row = {
+        "scenario": scenario,
+        "batch": batch,
+        "prompt_len": prompt_len,
+        "context": context,
+        "status": "ok" if error is None else "oom",
+        "error": error,
+        "warmup": warmup,
+        "iters": len(samples_ns) if samples_ns else 0,
+        "time_ms": stats,
+        "samples_ms": [s / 1e6 for s in samples_ns] if samples_ns else [],
+        "tokens_per_s": tok_s,
+        **analytic,
+    }
+    row.update(attainment(p50_s, analytic["flops"], analytic["bytes"], peak, no_peak_reason))
+    return row
+
+
+def run_bench(
+    config: dict | None = None,
+    model_path: str | None = None,
+    device: str = "cpu",
+    dtype: str | None = None,
+    prompt_lens: Sequence[int] = DEFAULT_PROMPT_LENS,
+    batches: Sequence[int] = DEFAULT_BATCHES,
+    contexts: Sequence[int] = DEFAULT_CONTEXTS,
+    warmup: int = DEFAULT_WARMUP,
+    iters: int = DEFAULT_ITERS,
+    gpu: str | None = None,
+    peak_tflops: float | None = None,
+    bandwidth_tbps: float | None = None,
+    perplexity_text: str | None = None,
+    out: str | None = None,
+    seed: int = 0,
+    config_label: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Time prefill and decode rows and return (and optionally write) the results.
+
+    Args:
+        config: Hugging Face config dict (a preset); random weights from ``seed``.
+        model_path: Local checkpoint directory (or hub id). Exactly one of
+            config/model_path.
+        device: ``"cpu"`` or ``"cuda"``.
+        dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (weights, activations and KV cache);
+            default fp32 on CPU, bf16 on CUDA.
+        prompt_lens: Prompt lengths S of the prefill rows (batch 1).
+        batches: Batch sizes B of the decode rows.
+        contexts: KV-cache lengths C of the decode rows (every B x C pair is a row).
+        warmup: Untimed iterations per row, >= 0.
+        iters: Timed iterations per row, >= 1.
+        gpu: GPU table row name for the peak (``diagnose.hardware.gpu_by_name``).
+        peak_tflops: Dense FP16/BF16 peak override, TFLOP/s.
+        bandwidth_tbps: Memory bandwidth override, TB/s.
+        perplexity_text: Text file for perplexity (real weights only).
+        out: Where to write the results JSON (atomically); None writes nothing.
+        seed: Seed for weights and token ids.
+        config_label: How the model was chosen, for the results (e.g. ``"preset:tiny"``).
+        progress: Called with a short line before each row (e.g. ``click.echo`` to stderr).
+
+    Returns:
+        The results dict written to ``out``: ``schema``, ``schema_version``, ``date``
+        (UTC), ``device``, ``device_name``, ``torch_version``, ``transformers_version``,
+        ``config`` (source, dtype, model_config), ``model`` (params, weight and KV bytes),
+        ``settings``, ``peak`` (or null, with ``peak_missing``), ``rows`` (prefill rows in
+        ``prompt_lens`` order, then decode rows batch-major) and ``perplexity`` (or null).
+        A row that ran out of memory has ``status: "oom"``, its ``error`` and null times.
+
+    Raises:
+        DiagnoseError: bad arguments, CUDA unavailable, unknown GPU, unloadable model or
+            tokenizer.
+    """
+    if dtype is None:
+        dtype = "bf16" if device == "cuda" else "fp32"
+    validate_bench_args(config, model_path, device, dtype, prompt_lens, batches, contexts, warmup, iters, perplexity_text)
+    from diagnose.hardware import peak_from_overrides
+
+    peak_from_overrides(gpu=gpu, peak_tflops=peak_tflops, bandwidth_tbps=bandwidth_tbps)  # check flags early
+
+    import torch
+    import transformers
+
+    from diagnose.collectors import torch_collector as tc
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DiagnoseError("--device cuda requested but torch.cuda.is_available() is False")
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    say = progress or (lambda _line: None)
+
+    # Tokenize the perplexity text first: a missing tokenizer fails before the long part.
+    ppl_ids = None
+    if perplexity_text is not None and model_path is not None:
+        ppl_ids = perplexity_token_ids(model_path, perplexity_text)
+
+    torch.manual_seed(seed)
+    try:
+        model = tc._build_model(config, model_path, device, torch_dtype)
+    except (RuntimeError, MemoryError) as exc:
+        if not (isinstance(exc, MemoryError) or _is_oom(exc)):
+            raise
+        raise DiagnoseError(f"{device} out of memory while building the model: {tc._one_line(exc)}") from None
+    hf_config = tc._jsonable(model.config.to_dict())
+    label = config_label or (f"model:{model_path}" if model_path else "config")
+    name = os.path.basename(os.path.normpath(model_path)) if model_path else label.split(":", 1)[-1]
+    spec = ModelSpec.from_hf_config(hf_config, name=name)
+    weight_dtype = kv_dtype = dtype
+
+    device_name = _device_name(device)
+    peak, no_peak_reason = _resolve_peak(device, device_name, gpu, peak_tflops, bandwidth_tbps)
+
+    runner = _Runner(model, device, torch_dtype)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    rows: list[dict] = []
+
+    with torch.inference_mode():
+        for s in prompt_lens:
+            say(f"prefill S={s}")
+            ids = runner.ids(gen, 1, s)
+            samples, error = None, None
+            try:
+                for _ in range(warmup):
+                    runner.prefill(ids)
+                marker = tc.prefill_marker(1, s)
+                run_once = functools.partial(runner.prefill, ids)
+                samples = [runner.timed(run_once, marker) for _ in range(iters)]
+            except (RuntimeError, MemoryError) as exc:
+                if not (isinstance(exc, MemoryError) or _is_oom(exc)):
+                    raise
+                error = f"{device} out of memory: {tc._one_line(exc)}"
+                samples = None
+            ids = run_once = None
+            _free(device)
+            rows.append(
+                _row("prefill", 1, s, None, prefill_analytic(spec, s, weight_dtype, kv_dtype),
+                     samples, error, peak, no_peak_reason, warmup)
+            )
+
+        for b in batches:
+            for c in contexts:
+                say(f"decode B={b} ctx={c}")
+                samples, error, cache = None, None, None
+                try:
+                    cache = runner.static_cache(b, c + 1)
+                    nxt = runner.fill(cache, runner.ids(gen, b, c))
+                    state = {"ids": nxt}
+
+                    def step() -> None:
+                        state["ids"] = runner.decode(state["ids"], cache, c)
+
+                    def rewind() -> None:
+                        _rewind(cache, c)
+
+                    for _ in range(warmup):
+                        step()
+                        rewind()
+                    marker = tc.decode_marker(b, c)
+                    samples = [runner.timed(step, marker, after=rewind) for _ in range(iters)]
+                except (RuntimeError, MemoryError) as exc:
+                    if not (isinstance(exc, MemoryError) or _is_oom(exc)):
+                        raise
+                    error = f"{device} out of memory: {tc._one_line(exc)}"
+                    samples = None
+                cache = None
+                _free(device)
+                rows.append(
+                    _row("decode", b, None, c, decode_analytic(spec, b, c, weight_dtype, kv_dtype),
+                         samples, error, peak, no_peak_reason, warmup)
+                )
+
+    ppl = None
+    if perplexity_text is not None:
+        if model_path is None:
+            ppl = {
+                "value": None,
+                "text": perplexity_text,
+                "tokens": None,
+                "window": None,
+                "reason": "perplexity is meaningless with random weights (--config); pass --model PATH with real weights",
+            }
+        else:
+            say("perplexity")
+            ppl = perplexity_from_ids(model, ppl_ids, device)
+            ppl["text"] = perplexity_text
+
+    results = {
+        "schema": BENCH_SCHEMA,
+        "schema_version": BENCH_SCHEMA_VERSION,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "device": device,
+        "device_name": device_name,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "config": {
+            "source": label,
+            "dtype": dtype,
+            "weight_dtype": weight_dtype,
+            "kv_dtype": kv_dtype,
+            "model_config": hf_config,
+        },
+        "model": {
+            "name": spec.name,
+            "params_total": spec.params_total,
+            "weight_bytes": accounting.weight_bytes(spec, weight_dtype),
+            "kv_bytes_per_token": accounting.kv_bytes_per_token(spec, kv_dtype),
+        },
+        "settings": {
+            "prompt_lens": list(prompt_lens),
+            "batches": list(batches),
+            "contexts": list(contexts),
+            "warmup": warmup,
+            "iters": iters,
+            "seed": seed,
+            "timer": "time.perf_counter_ns",
+            "synchronize": "torch.cuda.synchronize() before each timestamp" if device == "cuda" else "none (CPU work is synchronous)",
+            "percentiles": "numpy linear interpolation over the timed iterations",
+            "derived_from": "p50",
+            "prefill": "batch 1, fresh cache, LM head over all S positions; FLOPs use causal attention",
+            "decode": "static KV cache of context+1 slots filled by a chunked prefill; every timed step runs at exactly `context` cached tokens",
+            "units": {"time": "ms", "flops": "FLOP", "bytes": "B", "tflops": "1e12 FLOP/s", "tbps": "1e12 B/s"},
+        },
+        "peak": _peak_json(peak),
+        "peak_missing": no_peak_reason,
+        "rows": rows,
+        "perplexity": ppl,
+    }
+    if out is not None:
+        write_results(results, out)
+    return results
+
+
+def _free(device: str) -> None:
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+# -- perplexity ---------------------------------------------------------------------
+
+
+def perplexity_token_ids(model_path: str, text_path: str) -> Any:
+    """Token ids (1-D LongTensor) of a text file, from the tokenizer stored with the model.
+
+    Raises:
+        DiagnoseError: unreadable text, tokenizer not loadable, or fewer than 2 tokens.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        with open(text_path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DiagnoseError(f"cannot read --perplexity-text {text_path!r}: {_one_line_of(exc)}") from None
+    local = os.path.exists(model_path)
+    try:
+        tok = AutoTokenizer.from_pretrained(model_path, local_files_only=local)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DiagnoseError(f"cannot load the tokenizer of {model_path!r}: {_one_line_of(exc)}") from None
+    ids = tok(text, return_tensors="pt", verbose=False)["input_ids"][0]
+    if ids.numel() < 2:
+        raise DiagnoseError(f"--perplexity-text {text_path!r} has fewer than 2 tokens")
+    return ids
+
+
+def perplexity_from_ids(model: Any, ids: Any, device: str, window: int | None = None) -> dict:
+    """Perplexity of ``model`` over token ids ``ids`` (1-D).
+
+    The ids are cut into consecutive windows of ``window`` predicted tokens (default
+    :data:`PERPLEXITY_WINDOW`, capped at ``max_position_embeddings - 1``); each forward
+    sees ``window + 1`` tokens, so every token after the first is predicted exactly once,
+    from at most ``window`` tokens of left context. Perplexity = exp(total negative
+    log-likelihood / predicted tokens), log-softmax in fp32.
+
+    Returns:
+        ``{"value", "nll_mean", "tokens" (predicted), "window", "text": None, "reason": None}``.
+    """
+    import torch
+
+    if window is None:
+        window = PERPLEXITY_WINDOW
+        max_pos = getattr(model.config, "max_position_embeddings", None)
+        if isinstance(max_pos, int) and max_pos > 1:
+            window = min(window, max_pos - 1)
+    nll_sum = 0.0
+    count = 0
+    n = int(ids.numel())
+    with torch.inference_mode():
+        for start in range(0, n - 1, window):
+            chunk = ids[start : start + window + 1].unsqueeze(0).to(device)
+            logits = model(input_ids=chunk, use_cache=False).logits[0, :-1].float()
+            targets = chunk[0, 1:]
+            nll = torch.nn.functional.cross_entropy(logits, targets, reduction="sum")
+            nll_sum += float(nll)
+            count += int(targets.numel())
+    mean = nll_sum / count
+    return {"value": math.exp(mean), "nll_mean": mean, "tokens": count, "window": window, "text": None, "reason": None}
+
+
+def perplexity_of_text(model: Any, model_path: str, text_path: str, device: str, window: int | None = None) -> dict:
+    """Perplexity of ``model`` over a text file, tokenized with the model's own tokenizer
+    (:func:`perplexity_token_ids` then :func:`perplexity_from_ids`); ``text`` is set to
+    ``text_path``.
+
+    Raises:
+        DiagnoseError: unreadable text, tokenizer not loadable, or fewer than 2 tokens.
+    """
+    out = perplexity_from_ids(model, perplexity_token_ids(model_path, text_path), device, window)
+    out["text"] = text_path
+    return out
+
+
+def _one_line_of(exc: BaseException) -> str:
+    from diagnose.collectors.torch_collector import _one_line
+
+    return _one_line(exc)
+
+
+# -- output -------------------------------------------------------------------------
+
+
+def write_results(results: dict, out: str) -> None:
+    """Write ``results`` as indented JSON to ``out`` atomically (parents created)."""
+    out_dir = os.path.dirname(os.path.abspath(out))
+    os.makedirs(out_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".diagnose-bench-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=2, allow_nan=False)
+            fh.write("\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _fmt_ctx(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:.1f} %"
+
+
+def _num(x: float | None, fmt: str = "{:.3f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def results_table(results: dict) -> Any:
+    """A rich Table of the rows, laid out like domain.md section 4."""
+    from rich.table import Table
+
+    peak = results.get("peak")
+    title = f"{results['config']['source']} {results['config']['dtype']} on {results['device_name']} ({results['device']})"
+    table = Table(title=title, title_justify="left")
+    for col, justify in (
+        ("scenario", "left"),
+        ("parameters", "left"),
+        ("time p50 (ms)", "right"),
+        ("time p99 (ms)", "right"),
+        ("derived", "right"),
+        ("MFU / MBU", "right"),
+        ("bound (ms)", "right"),
+        ("ratio", "right"),
+    ):
+        table.add_column(col, justify=justify)
+    for r in results["rows"]:
+        if r["scenario"] == "prefill":
+            params = f"S={r['prompt_len']}"
+        else:
+            params = f"B={r['batch']}, ctx {_fmt_ctx(r['context'])}"
+        if r["status"] != "ok":
+            table.add_row(r["scenario"], params, "OOM", "OOM", "-", "-", _num(r["bound_ms"], "{:.4g}"), "-")
+            continue
+        t = r["time_ms"]
+        if r["scenario"] == "prefill":
+            derived = f"{r['achieved_tflops']:.3g} TFLOP/s"
+            att = f"MFU {_pct(r['mfu'])}" if r["mfu"] is not None else "-"
+        else:
+            derived = f"{r['tokens_per_s']:,.0f} tok/s"
+            att = f"MBU {_pct(r['mbu'])}" if r["mbu"] is not None else "-"
+        ratio = "-" if r["bound_ratio"] is None else f"{r['bound_ratio']:.2f}x"
+        bound = "-" if r["bound_ms"] is None else f"{r['bound_ms']:.4g} ({r['bound']})"
+        table.add_row(r["scenario"], params, f"{t['p50']:.3f}", f"{t['p99']:.3f}", derived, att, bound, ratio)
+    if peak is None:
+        table.caption = f"MFU/MBU/bound skipped: {results.get('peak_missing')}"
+    else:
+        table.caption = (
+            f"peak {peak['name']}: {_num(peak['dense_fp16_tflops'], '{:g}')} TFLOP/s dense FP16/BF16, "
+            f"{_num(peak['memory_bandwidth_tbps'], '{:g}')} TB/s; derived numbers use p50"
+        )
+    return table
