@@ -62,6 +62,31 @@ def attainment_options(fn):
     return fn
 
 
+def _run_fleet(paths, trace_dir, executor, scheduler, fmt, out_path, options, lenient) -> None:
+    from diagnose.multi import analyze_many, discover, render_fleet
+    from diagnose.report.jsonout import to_json
+
+    if trace_dir:
+        paths = paths + discover(trace_dir)
+    if scheduler and executor == "auto":
+        executor = "dask"
+    result = analyze_many(paths, options=options, executor=executor, scheduler=scheduler, lenient=lenient)
+    if out_path or fmt == "json":
+        text = to_json(result)
+        if out_path:
+            with open(out_path, "w") as f:
+                f.write(text + "\n")
+        if fmt == "json":
+            click.echo(text)
+    if fmt == "text":
+        from rich.console import Console
+
+        c = Console()
+        render_fleet(result, c if c.is_terminal else Console(width=160))
+    if not result.get("ranks"):
+        raise DiagnoseError("no trace could be analysed: " + "; ".join(e.get("error", "") for e in result.get("errors", []))[:300])
+
+
 def attach_verdicts(analysis) -> None:
     """Evaluate the packaged symptom rules on ``analysis`` and keep the verdicts in its report."""
     from diagnose.rules_engine import add_verdicts_to_report
@@ -85,8 +110,13 @@ def main() -> None:
 
 
 @main.command("run")
-@click.option("--trace", "trace_path", required=True, metavar="FILE",
-              help="Kineto JSON (.json/.json.gz) or nsys SQLite (.sqlite) trace.")
+@click.option("--trace", "trace_paths", multiple=True, metavar="FILE",
+              help="Kineto JSON (.json/.json.gz) or nsys SQLite (.sqlite) trace; repeat for several ranks.")
+@click.option("--trace-dir", default=None, metavar="DIR", help="A directory with one trace per rank (analysed in parallel).")
+@click.option("--executor", type=click.Choice(["auto", "serial", "process", "dask"]), default="auto", show_default=True,
+              help="How several traces are analysed: local processes by default, or a Dask cluster.")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="Dask distributed scheduler address (e.g. tcp://host:8786) for fleets that outgrow one machine.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Terminal report or the JSON report contract (README 'JSON report').")
 @click.option("--phase", "phase_regex", multiple=True, metavar="PHASE=REGEX",
@@ -101,9 +131,11 @@ def main() -> None:
 @click.option("--device", type=int, default=None, help="Analyse only this GPU device id.")
 @attainment_options
 @guarded
-def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_path: str | None, html_path: str | None,
+def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: str, scheduler: str | None, fmt: str,
+                phase_regex: tuple[str, ...], out_path: str | None, html_path: str | None,
                 lenient: bool, window: str | None, device: int | None, **att) -> None:
-    """Analyse one trace and print the report.
+    """Analyse a trace and print the report; with several traces (--trace repeated or
+    --trace-dir), analyse them in parallel and print one row per rank with stragglers marked.
 
     Attainment (MFU, MBU, bound ratio) needs the device's peaks (resolved from the trace's
     device name, or --gpu / --peak-tflops / --bandwidth-tbps) and, for bytes, the model config
@@ -111,6 +143,14 @@ def run_command(trace_path: str, fmt: str, phase_regex: tuple[str, ...], out_pat
     """
     from diagnose.pipeline import run_analysis
 
+    if not trace_paths and not trace_dir:
+        raise DiagnoseError("give --trace FILE (repeatable) or --trace-dir DIR")
+    if trace_dir or len(trace_paths) > 1 or scheduler:
+        if html_path or window or device is not None:
+            raise DiagnoseError("--html, --window and --device apply to a single --trace")
+        _run_fleet(list(trace_paths), trace_dir, executor, scheduler, fmt, out_path, make_options(phase_regex, **att), lenient)
+        return
+    trace_path = trace_paths[0]
     analysis = run_analysis(trace_path, options=make_options(phase_regex, **att), lenient=lenient, show_progress=True,
                             window=window, device=device)
     attach_verdicts(analysis)
