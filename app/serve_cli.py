@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from diagnose.errors import DiagnoseError
+from diagnose.cliutil import guarded
 
 
 @click.command("serve")
@@ -32,20 +32,7 @@ def serve_command(traces: tuple[str, ...], host: str, port: int, debug: bool) ->
     except ImportError as e:  # dash is an optional extra
         click.echo(f"error: the app needs the [app] extra ({e.name or e}): pip install 'diagnose[app]'", err=True)
         sys.exit(2)
-    try:
-        app = create_app(list(traces))
-    except DiagnoseError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
-    except MemoryError:
-        click.echo("error: out of memory while analysing the trace", err=True)
-        sys.exit(2)
-    except Exception as e:  # noqa: BLE001 — one line, never a traceback
-        if os.environ.get("DIAGNOSE_DEBUG"):
-            raise
-        msg = str(e).splitlines()[0][:300] if str(e) else ""
-        click.echo(f"internal error: {type(e).__name__}: {msg} (set DIAGNOSE_DEBUG=1 for a traceback)", err=True)
-        sys.exit(3)
+    app = guarded(create_app)(list(traces))
     if host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"warning: serving on {host}: anyone who can reach this address sees the report", err=True)
     click.echo(f"diagnose: serving {len(traces)} trace(s) on http://{host}:{port}/ (Ctrl-C to stop)", err=True)

@@ -32,7 +32,6 @@ from diagnose.accounting import (
     decode_step,
     kv_budget,
     kv_bytes_per_token,
-    kv_bytes_per_token_from_shape,
     prefill_bytes,
     prefill_flops,
     ridge_point_flop_per_byte,

@@ -29,15 +29,14 @@ Gate decisions:
 """
 from __future__ import annotations
 
-import functools
 import json
-import os
 import sys
 import xml.etree.ElementTree as ET
-from typing import Any, Callable
+from typing import Any
 
 import click
 
+from diagnose.cliutil import guarded
 from diagnose.errors import DiagnoseError
 from diagnose.rules_engine import (
     SEVERITIES,
@@ -64,31 +63,6 @@ from diagnose.rules_engine import (
 GATE_PHASES = ("all", "prefill", "decode", "mixed")
 LAUNCH_RULE = "S3-launch-gaps"
 LAUNCH_THRESHOLD = "max_launch_gap_share"
-
-
-def _guard(fn: Callable) -> Callable:
-    """DiagnoseError -> one ``error:`` line + exit 2; anything unexpected -> one line + exit 3."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except DiagnoseError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
-        except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
-            raise
-        except MemoryError:
-            click.echo("error: out of memory while analysing the trace", err=True)
-            sys.exit(2)
-        except Exception as e:  # noqa: BLE001 — the promise is: never a traceback
-            if os.environ.get("DIAGNOSE_DEBUG"):
-                raise
-            msg = str(e).splitlines()[0][:300] if str(e) else ""
-            click.echo(f"internal error: {type(e).__name__}: {msg} (set DIAGNOSE_DEBUG=1 for a traceback)", err=True)
-            sys.exit(3)
-
-    return wrapper
 
 
 def _analyse(path: str, phase_regex: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -215,7 +189,7 @@ def _write_junit(path: str, checks: list[dict], error: str | None = None) -> Non
 @click.option("--device", type=int, default=None, help="GPU device id (default: the one with the most GPU busy time).")
 @click.option("--phase-regex", multiple=True, metavar="PHASE=REGEX", help="Extra step-marker regex (as `diagnose run --phase`).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@_guard
+@guarded
 def gate_command(trace_path, phases, max_launch_gap_share, max_idle_share, fail_on, allow_partial, allow_missing,
                  junit_path, threshold_specs, rules_config, rules_dir, metrics_path, device, phase_regex, fmt):
     """CI gate: check a trace against thresholds; exit 0 pass, 1 fail, 2 unusable input."""
@@ -380,7 +354,7 @@ def _change_text(kind: str, v: float | None) -> str:
               help='Metrics JSON, e.g. {"perplexity_baseline": 5.1, "perplexity_candidate": 5.3} (rule S6).')
 @click.option("--device", type=int, default=None, help="GPU device id in both traces (default: most GPU busy time).")
 @click.option("--phase-regex", multiple=True, metavar="PHASE=REGEX", help="Extra step-marker regex (as `diagnose run --phase`).")
-@_guard
+@guarded
 def compare_command(baseline_path, candidate_path, fmt, fail_on, threshold_specs, rules_config, rules_dir, metrics_path,
                     device, phase_regex):
     """Compare a candidate trace with a baseline: TTFT/TPOT deltas and the regression verdict.
@@ -467,7 +441,7 @@ def compare_command(baseline_path, candidate_path, fmt, fail_on, threshold_specs
 @click.option("--rules", "rules_dir", type=click.Path(), default=None, help="Rules directory (default: the packaged rules).")
 @click.option("--device", type=int, default=None, help="GPU device id in every trace (default: most GPU busy time).")
 @click.option("--phase-regex", multiple=True, metavar="PHASE=REGEX", help="Extra step-marker regex (as `diagnose run --phase`).")
-@_guard
+@guarded
 def sweep_command(trace_paths, labels, fmt, fail_on, threshold_specs, rules_config, rules_dir, device, phase_regex):
     """Context / batch / GPU-count / prompt-length sweep over several traces (S1, S4, prefill MFU).
 
@@ -519,7 +493,7 @@ def rules_group():
 @click.option("--rules", "rules_dir", type=click.Path(), default=None, help="Rules directory (default: the packaged rules).")
 @click.option("--scope", type=click.Choice(["trace", "sweep", "compare", "metrics"]), default=None, help="Only this scope.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@_guard
+@guarded
 def rules_list(rules_dir, scope, fmt):
     """List rules: id, symptom, severity, scope, thresholds."""
     rules = [r for r in load_rules(rules_dir) if scope is None or r.scope == scope]
@@ -538,7 +512,7 @@ def rules_list(rules_dir, scope, fmt):
 @rules_group.command("test")
 @click.option("--rules", "rules_dir", type=click.Path(), default=None, help="Rules directory (fixtures in its fixtures/).")
 @click.option("-v", "--verbose", is_flag=True, help="Print every case, not only failures.")
-@_guard
+@guarded
 def rules_test(rules_dir, verbose):
     """Validate every rule file against its schema, run its positive and negative fixtures;
     exit 1 if any fails."""
@@ -556,7 +530,7 @@ def rules_test(rules_dir, verbose):
 
 @rules_group.command("doc")
 @click.option("--rules", "rules_dir", type=click.Path(), default=None, help="Rules directory (default: the packaged rules).")
-@_guard
+@guarded
 def rules_doc(rules_dir):
     """Print the rules reference in Markdown (`diagnose rules doc > docs/rules.md`)."""
     click.echo(rules_markdown(load_rules(rules_dir)), nl=False)
