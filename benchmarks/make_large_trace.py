@@ -20,7 +20,7 @@ import shutil
 import sqlite3
 import sys
 
-import orjson
+import msgspec
 
 _ID_KEYS = ("correlation", "External id", "external id")
 
@@ -30,7 +30,7 @@ def _load(src: str) -> dict:
         raw = f.read()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
-    return orjson.loads(raw)
+    return msgspec.json.decode(raw)
 
 
 def replicate_kineto(src: str, out: str, copies: int | None = None, target_mb: float | None = None) -> dict:
@@ -58,7 +58,7 @@ def replicate_kineto(src: str, out: str, copies: int | None = None, target_mb: f
         if isinstance(e.get("id"), int):
             max_id = max(max_id, e["id"])
     id_step = max_id + 1
-    one = len(orjson.dumps(body))
+    one = len(msgspec.json.encode(body))
     if copies is None:
         copies = max(1, int(round(target_mb * 1e6 / max(one, 1))))
     opener = gzip.open if out.endswith(".gz") else open
@@ -66,12 +66,12 @@ def replicate_kineto(src: str, out: str, copies: int | None = None, target_mb: f
     written = 0
     n_events = len(meta)
     with opener(tmp, "wb", **({"compresslevel": 1} if out.endswith(".gz") else {})) as f:
-        head = orjson.dumps(doc)[:-1]  # top-level keys without the closing brace
+        head = msgspec.json.encode(doc)[:-1]  # top-level keys without the closing brace
         f.write(head + (b"," if len(doc) else b"") + b'"traceEvents":[')
         written += len(head) + 16
         first = True
         for e in meta:
-            f.write((b"" if first else b",") + orjson.dumps(e))
+            f.write((b"" if first else b",") + msgspec.json.encode(e))
             first = False
         for c in range(copies):
             dt = c * shift_us
@@ -90,7 +90,7 @@ def replicate_kineto(src: str, out: str, copies: int | None = None, target_mb: f
                     e2["args"] = a2
                 if isinstance(e2.get("id"), int) and di:
                     e2["id"] += di
-                chunk.append(orjson.dumps(e2))
+                chunk.append(msgspec.json.encode(e2))
             blob = b",".join(chunk)
             f.write((b"" if first else b",") + blob)
             first = False
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         res = replicate_nsys(a.src, a.out, a.copies or 10)
     else:
         res = replicate_kineto(a.src, a.out, a.copies, a.target_mb)
-    print(orjson.dumps(res).decode())
+    print(msgspec.json.encode(res).decode())
     return 0
 
 
