@@ -57,18 +57,22 @@ class _Args(msgspec.Struct, gc=False):
     input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
 
 
+_I64 = 2**63
+
+
 def _int(v: Any, default: int = -1) -> int:
+    """An id-like arg as int64; anything else (None, NaN, text, out of range) -> default."""
     if type(v) is int:
-        return v
+        return v if -_I64 < v < _I64 else default
     if v is None or isinstance(v, bool):
         return default
-    if isinstance(v, float):
-        return int(v) if v == v else default
     if isinstance(v, str):
         try:
-            return int(float(v))
+            v = float(v)
         except ValueError:
             return default
+    if isinstance(v, float):
+        return int(v) if v == v and -9.2e18 < v < 9.2e18 else default
     return default
 
 
@@ -168,7 +172,7 @@ def _coerce_args(raw: msgspec.Raw) -> _Args | None:
         return None
     try:
         obj = _any_dec.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):
         return None
     if not isinstance(obj, dict):
         return None
@@ -215,13 +219,13 @@ def _coerce_event(ev: _LooseEvent) -> _Event:
 
 def _as_int(v: Any, default: int = -1) -> int:
     if type(v) is int:
-        return v
+        return v if -_I64 < v < _I64 else default
     if isinstance(v, bool):
         return default
     if isinstance(v, int):
         return v
     if isinstance(v, float):
-        return int(v)
+        return int(v) if v == v and -9.2e18 < v < 9.2e18 else default
     if isinstance(v, str):
         digits = "".join(ch for ch in v if ch.isdigit())
         if digits and len(digits) < 19:
@@ -329,7 +333,7 @@ def _recover_truncated(buf: bytes, max_tries: int = 64) -> tuple[dict[str, msgsp
     if head.startswith(b"{") and len(head) > 1:
         try:
             top = msgspec.json.decode(head + b"}", type=dict[str, msgspec.Raw])
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, UnicodeDecodeError):
             top = {}
     end = len(buf)
     for _ in range(max_tries):
@@ -339,7 +343,7 @@ def _recover_truncated(buf: bytes, max_tries: int = 64) -> tuple[dict[str, msgsp
         candidate = buf[lb:end + 1] + b"]"
         try:
             msgspec.json.decode(candidate)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, UnicodeDecodeError):
             continue
         top["traceEvents"] = msgspec.Raw(candidate)
         return top, end + 1
@@ -347,9 +351,15 @@ def _recover_truncated(buf: bytes, max_tries: int = 64) -> tuple[dict[str, msgsp
     return top, lb + 1
 
 
-def _decode_events(path: str, raw: msgspec.Raw) -> list[_Event]:
+def _decode_events(path: str, raw: msgspec.Raw | bytes, repairs: list | None = None) -> list[_Event]:
     try:
         return msgspec.json.decode(raw, type=list[_Event])
+    except UnicodeDecodeError:
+        # Skipping a value (top-level split) does not validate UTF-8; decoding it does.
+        fixed = _CONTROL.sub(_REPLACEMENT, bytes(raw).decode("utf-8", errors="replace").encode("utf-8"))
+        if repairs is not None and not any(r[0] == "text" for r in repairs):
+            repairs.append(("text", "invalid UTF-8 bytes or raw control characters replaced by U+FFFD", None))
+        return _decode_events(path, fixed, None)
     except msgspec.ValidationError:
         try:
             loose = msgspec.json.decode(raw, type=list[_LooseEvent])
@@ -401,11 +411,18 @@ def _bucket(events: list[_Event]) -> dict[str, list[_Event]]:
 _NAN = float("nan")
 
 
+MAX_TS_US = 4e15  # ~year 2096 in epoch µs: anything larger cannot be a timestamp
+MAX_DUR_US = 1e12  # ~11.6 days
+
+
 def _times(evs: list[_Event], base_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(keep mask, start_ns, end_ns): drops events without ts and with a negative dur."""
+    """(keep mask, start_ns, end_ns): drops events without a usable ts (missing, not finite,
+    beyond int64 ns) or dur (negative, not finite, longer than 11 days)."""
     ts = np.array([_NAN if v is None else v for v in map(_get_ts, evs)], dtype=np.float64)
     dur = np.array([0.0 if v is None else v for v in map(_get_dur, evs)], dtype=np.float64)
-    keep = ~np.isnan(ts) & ~(dur < 0)
+    with np.errstate(invalid="ignore"):
+        usable = np.isfinite(ts) & (np.abs(ts) <= MAX_TS_US) & np.isfinite(dur) & (dur <= MAX_DUR_US)
+    keep = usable & ~(dur < 0)
     dur = np.where(np.isnan(dur), 0.0, dur)
     start = _us_to_ns(np.where(keep, ts, 0.0), base_ns)
     return keep, start, start + _dur_to_ns(np.where(keep, dur, 0.0))
@@ -414,11 +431,11 @@ def _times(evs: list[_Event], base_ns: int) -> tuple[np.ndarray, np.ndarray, np.
 def _arg(evs: list[_Event], field: str, default: int = -1) -> list[int]:
     get = operator.attrgetter(field)
     vals = [None if a is None else get(a) for a in map(_get_args, evs)]
-    return [v if type(v) is int else _int(v, default) for v in vals]
+    return [v if type(v) is int and -_I64 < v < _I64 else _int(v, default) for v in vals]
 
 
 def _ids(vals: list) -> list[int]:
-    return [v if type(v) is int else _as_int(v) for v in vals]
+    return [v if type(v) is int and -_I64 < v < _I64 else _as_int(v) for v in vals]
 
 
 def _ext_ids(evs: list[_Event]) -> list[int]:
@@ -513,9 +530,9 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False, prog
             continue
         try:
             metadata[k] = _any_dec.decode(v)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, UnicodeDecodeError):
             metadata[k] = None
-    events = _decode_events(path, top.pop("traceEvents"))
+    events = _decode_events(path, top.pop("traceEvents"), repairs)
     buf_len = len(buf)
     del top, buf  # the decoded events are all we keep: never hold two copies of the document
     if legacy and events and not any(ev.ph for ev in events):
@@ -603,18 +620,23 @@ class _Columns:
         if self.negative:
             trace.note("negative_duration", f"{self.negative} event(s) with a negative duration were excluded", self.negative)
         if no_ts:
-            trace.note("missing_timestamp", f"{no_ts} complete event(s) without a usable 'ts' were skipped", no_ts)
+            trace.note("missing_timestamp", f"{no_ts} complete event(s) without a usable 'ts' or 'dur' (missing, not a number, or implausibly large) were skipped", no_ts)
         if self.bad_name:
             trace.note("invalid_utf8_names", f"{self.bad_name} event name(s) contained invalid UTF-8 and were replaced", self.bad_name)
 
 
 def _base_ns(metadata: dict[str, Any]) -> int:
+    """``baseTimeNanoseconds`` when it is a plausible epoch time in ns, else 0 (see _new_trace)."""
     b = metadata.get("baseTimeNanoseconds")
-    return int(b) if isinstance(b, (int, float)) and not isinstance(b, bool) else 0
+    if isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b <= 4e18:
+        return int(b)
+    return 0
 
 
 def _new_trace(path: str, metadata: dict[str, Any], legacy: bool, repairs: list, buf_len: int, gz_cut: str | None) -> Trace:
     trace = Trace(source_path=path, source_format="kineto-json", metadata=metadata)
+    if "baseTimeNanoseconds" in metadata and _base_ns(metadata) == 0 and metadata["baseTimeNanoseconds"] != 0:
+        trace.note("bad_base_time", f"baseTimeNanoseconds {str(metadata['baseTimeNanoseconds'])[:40]!r} is not a plausible epoch time in ns: ignored (times are relative)")
     for code, msg, n in repairs:
         if code == "truncated":
             trace.partial = True
@@ -668,7 +690,7 @@ def _load_chunked(path: str, buf: bytes, progress=None) -> Trace | None:
     for k, v in top.items():
         try:
             metadata[k] = _any_dec.decode(v)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, UnicodeDecodeError):
             metadata[k] = None
     mv = memoryview(raw_events)
     n = len(mv)
@@ -714,7 +736,7 @@ def parse_input_dims(raw: bytes | msgspec.Raw | list | None) -> list | None:
         return raw
     try:
         v = _any_dec.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):
         return None
     return v if isinstance(v, list) else None
 

@@ -1,0 +1,44 @@
+"""Short fuzz run over mutated real traces (the long run is benchmarks/fuzz_loaders.py):
+loading and analysing never raises anything but DiagnoseError."""
+from __future__ import annotations
+
+import gzip
+import random
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import shared_trace
+from diagnose.errors import DiagnoseError
+from diagnose.fuzzing import mutant
+from diagnose.pipeline import run_analysis
+
+SEEDS = ["tracelens/torch_compile_triton/trace.json.gz", "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"]
+
+
+@pytest.fixture(scope="module")
+def seeds():
+    out = []
+    for rel in SEEDS:
+        raw = gzip.decompress(shared_trace(rel).read_bytes())
+        out.append((msgspec.json.decode(raw), raw))
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), which=st.integers(0, len(SEEDS) - 1))
+def test_no_exception_escapes(seeds, tmp_path, seed, which):
+    doc, raw = seeds[which]
+    data = mutant(doc, raw, random.Random(seed))
+    p = tmp_path / f"m{seed}.json"
+    p.write_bytes(data)
+    try:
+        a = run_analysis(str(p))
+    except DiagnoseError:
+        return
+    d = a.to_dict()  # the report must also serialise
+    for ph in d["phases"]:
+        for k in ("gpu_idle_share", "launch_gap_share", "attention_share"):
+            assert ph[k] is None or 0.0 <= ph[k] <= 1.0, (seed, k, ph[k])
