@@ -31,9 +31,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-NO_TIME = -1  # diagnose.trace.model.NO_TIME (kept local: the app must import without pandas quirks)
+from diagnose.analyzers.timeline import GAP_KINDS, classify_gaps
+from diagnose.trace.model import NO_TIME
 
-GAP_KINDS = ("launch", "graph", "other", "unattributed")
 GAP_COLORS = {
     "launch": "#d62728",  # red: the GPU waited for the host
     "graph": "#9467bd",
@@ -135,24 +135,11 @@ class TimelineData:
 
 
 def _device_gaps(s: np.ndarray, e: np.ndarray, le: np.ndarray, lk: np.ndarray, gf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Gaps of one device (inputs sorted by (start, end)): start, end, kind code, next index.
+    """Gaps of one device (inputs sorted by (start, end)): the analyzer's own classification.
 
     ``le``: launch-call end (same origin as ``s``), meaningful where ``lk`` (launch known).
     """
-    n = len(s)
-    if n < 2:
-        z = np.zeros(0, dtype=np.int64)
-        return z, z, np.zeros(0, dtype=np.int8), z
-    cm = np.maximum.accumulate(e)
-    prev_end = cm[:-1]
-    gap = s[1:] - prev_end
-    idx = np.nonzero(gap > 0)[0] + 1
-    kind = np.full(len(idx), GAP_KINDS.index("other"), dtype=np.int8)
-    unknown = ~lk[idx]
-    kind[unknown] = GAP_KINDS.index("unattributed")
-    kind[(~unknown) & (le[idx] > prev_end[idx - 1])] = GAP_KINDS.index("launch")
-    kind[gf[idx]] = GAP_KINDS.index("graph")
-    return prev_end[idx - 1], s[idx], kind, idx
+    return classify_gaps(s, e, np.where(lk, le, NO_TIME), gf)
 
 
 def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None) -> TimelineData:

@@ -45,6 +45,34 @@ def union_busy_ns(start_ns: np.ndarray, end_ns: np.ndarray) -> int:
     return int((block_end - block_start).sum())
 
 
+def classify_gaps(
+    s: np.ndarray, e: np.ndarray, launch_end_ns: np.ndarray, graph_followup: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Idle gaps of one device's activities and their kinds (module docstring).
+
+    Args:
+        s, e: int64 start/end ns, sorted by (start, end).
+        launch_end_ns: end of each activity's launch call, NO_TIME when unknown.
+        graph_followup: True for a non-first activity of one graph launch.
+
+    Returns:
+        (gap_start_ns, gap_end_ns, kind_code, next_index): kind_code indexes GAP_KINDS;
+        next_index is the activity that follows each gap.
+    """
+    z = np.zeros(0, dtype=np.int64)
+    if len(s) < 2:
+        return z, z, np.zeros(0, dtype=np.int8), z
+    cm = np.maximum.accumulate(e)
+    prev_end = cm[:-1]
+    idx = np.nonzero(s[1:] - prev_end > 0)[0] + 1
+    kind = np.full(len(idx), GAP_KINDS.index("other"), dtype=np.int8)
+    unknown = launch_end_ns[idx] == NO_TIME
+    kind[unknown] = GAP_KINDS.index("unattributed")
+    kind[(~unknown) & (launch_end_ns[idx] > prev_end[idx - 1])] = GAP_KINDS.index("launch")
+    kind[graph_followup[idx]] = GAP_KINDS.index("graph")
+    return prev_end[idx - 1], s[idx], kind, idx
+
+
 @dataclass
 class GapStats:
     """Idle gaps of one device/phase. Times in ns; shares are fractions of ``window_ns``."""
@@ -101,17 +129,10 @@ def analyze_gaps(
     st.busy_ns = union_busy_ns(s, e)
     if n == 1:
         return st
+    gap_start, gap_end, codes, idx = classify_gaps(s, e, le, gf)
     prev_end = cm[:-1]
-    gap = s[1:] - prev_end
-    has_gap = gap > 0
-    idx = np.nonzero(has_gap)[0] + 1  # activity index following each gap
-    g = gap[has_gap]
-    kind = np.full(len(idx), "other", dtype=object)
-    unknown = le[idx] == NO_TIME
-    kind[unknown] = "unattributed"
-    late = (~unknown) & (le[idx] > prev_end[idx - 1])
-    kind[late] = "launch"
-    kind[gf[idx]] = "graph"
+    g = gap_end - gap_start
+    kind = np.asarray(GAP_KINDS, dtype=object)[codes]
     for k in GAP_KINDS:
         m = kind == k
         st.gap_ns_by_kind[k] = int(g[m].sum())
