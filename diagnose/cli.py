@@ -6,10 +6,12 @@ arguments (one line on stderr, never a traceback); 3 an internal error (one line
 """
 from __future__ import annotations
 
+import os
+
 import click
 
 from diagnose import __version__
-from diagnose.cliutil import guarded
+from diagnose.cliutil import OneLineGroup, guard_all, guarded
 from diagnose.errors import DiagnoseError
 
 
@@ -40,6 +42,16 @@ def _run_fleet(paths, trace_dir, executor, scheduler, fmt, out_path, options, le
 
     if trace_dir:
         paths = paths + discover(trace_dir)
+    seen: set[str] = set()
+    unique = []
+    for p in paths:
+        key = os.path.realpath(p)
+        if key in seen:
+            click.echo(f"note: {p} given more than once: analysed once", err=True)
+            continue
+        seen.add(key)
+        unique.append(p)
+    paths = unique
     if scheduler and executor == "auto":
         executor = "dask"
     result = analyze_many(paths, options=options, executor=executor, scheduler=scheduler, lenient=lenient)
@@ -55,8 +67,10 @@ def _run_fleet(paths, trace_dir, executor, scheduler, fmt, out_path, options, le
 
         c = Console()
         render_fleet(result, c if c.is_terminal else Console(width=160))
+    for e in result.get("errors", []):
+        click.echo(f"error: {e.get('path')}: {e.get('error')}", err=True)
     if not result.get("ranks"):
-        raise DiagnoseError("no trace could be analysed: " + "; ".join(e.get("error", "") for e in result.get("errors", []))[:300])
+        raise DiagnoseError("no trace could be analysed")
 
 
 def attach_verdicts(analysis) -> None:
@@ -74,7 +88,7 @@ def make_options(phase_regex=(), **att):
     return Options(phase_regex=tuple(phase_regex), **att)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="diagnose")
 def main() -> None:
     """Why is my LLM inference slow? Analyse torch.profiler (Kineto JSON) and Nsight Systems
@@ -164,6 +178,7 @@ def _register() -> None:
     from diagnose.app.serve_cli import serve_command
 
     main.add_command(serve_command)
+    guard_all(main)
     main.add_command(bounds_command)
     main.add_command(kv_budget_command)
 

@@ -14,8 +14,16 @@ import click
 from diagnose.errors import DiagnoseError
 
 
+# optional dependency -> the extra that installs it
+_EXTRAS = {"torch": "collect", "transformers": "collect", "dash": "app", "plotly": "app", "dash_ag_grid": "app",
+           "dask": "dask", "distributed": "dask", "hta": "hta"}
+
+
 def guarded(fn):
-    """Turn DiagnoseError into one stderr line + exit 2, anything unexpected into exit 3."""
+    """Turn DiagnoseError, OS errors (unwritable output, ...) and missing optional extras into
+    one stderr line + exit 2; anything unexpected into one line + exit 3."""
+    if getattr(fn, "_diagnose_guarded", False):
+        return fn
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -26,6 +34,17 @@ def guarded(fn):
             sys.exit(2)
         except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
             raise
+        except ModuleNotFoundError as e:
+            top = (e.name or "").split(".")[0]
+            if top in _EXTRAS:
+                extra = _EXTRAS[top]
+                click.echo(f"error: this needs the optional '{top}' package: pip install 'diagnose[{extra}]'", err=True)
+                sys.exit(2)
+            raise
+        except OSError as e:
+            where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+            click.echo(f"error: {where}{e.strerror or e}", err=True)
+            sys.exit(2)
         except MemoryError:
             click.echo("error: out of memory while analysing the trace (try --window or --device)", err=True)
             sys.exit(2)
@@ -36,4 +55,37 @@ def guarded(fn):
             click.echo(f"internal error: {type(e).__name__}: {msg} (set DIAGNOSE_DEBUG=1 for a traceback)", err=True)
             sys.exit(3)
 
+    wrapper._diagnose_guarded = True  # type: ignore[attr-defined]
     return wrapper
+
+
+class OneLineGroup(click.Group):
+    """A click group whose usage errors (unknown option, bad value, missing argument) print one
+    ``error: ...`` line and exit 2, instead of click's usage banner."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as e:
+            path = e.ctx.command_path if e.ctx is not None else "diagnose"
+            msg = " ".join(e.format_message().split())
+            click.echo(f"error: {msg} (see '{path} --help')", err=True)
+            sys.exit(2)
+        except click.ClickException as e:
+            click.echo(f"error: {' '.join(e.format_message().split())}", err=True)
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def guard_all(group: click.Group) -> None:
+    """Wrap the callback of every command below ``group`` with :func:`guarded`."""
+    for cmd in group.commands.values():
+        if cmd.callback is not None:
+            cmd.callback = guarded(cmd.callback)
+        if isinstance(cmd, click.Group):
+            guard_all(cmd)

@@ -354,13 +354,16 @@ def _change_text(kind: str, v: float | None) -> str:
               help='Metrics JSON, e.g. {"perplexity_baseline": 5.1, "perplexity_candidate": 5.3} (rule S6).')
 @click.option("--device", type=int, default=None, help="GPU device id in both traces (default: most GPU busy time).")
 @click.option("--phase-regex", multiple=True, metavar="PHASE=REGEX", help="Extra step-marker regex (as `diagnose run --phase`).")
+@click.option("--allow-missing", is_flag=True,
+              help="Pass when the traces cannot be compared (no common TTFT/TPOT numbers); by default that fails.")
 @guarded
 def compare_command(baseline_path, candidate_path, fmt, fail_on, threshold_specs, rules_config, rules_dir, metrics_path,
-                    device, phase_regex):
+                    device, phase_regex, allow_missing):
     """Compare a candidate trace with a baseline: TTFT/TPOT deltas and the regression verdict.
 
     Exit 1 when the candidate regressed (any TTFT/TPOT p50/p90/p99 more than 50 % worse, rule
-    latency-regression), 0 otherwise, 2 on unusable input."""
+    latency-regression) or when the regression rule cannot be evaluated (no TTFT/TPOT number
+    common to both traces) unless --allow-missing; 0 otherwise; 2 on unusable input."""
     rules, overrides = _rules_setup(rules_dir, rules_config, threshold_specs)
     metrics = load_metrics(metrics_path) if metrics_path else {}
     base = _analyse(baseline_path, tuple(phase_regex))
@@ -377,7 +380,8 @@ def compare_command(baseline_path, candidate_path, fmt, fail_on, threshold_specs
     gone_symptoms = [s for s in tb.symptoms if s["id"] not in set(tc.fired_ids)]
     regression = any(s["id"] == "latency-regression" for s in verdicts.symptoms)
     failing = verdicts.at_least(fail_on)
-    code = 1 if failing else 0
+    incomparable = next((n for n in verdicts.not_evaluated if n["id"] == "latency-regression"), None)
+    code = 1 if failing or (incomparable is not None and not allow_missing) else 0
     warnings = [f"{label}: numbers unreliable ({', '.join(r)})" for label, rep in (("baseline", base), ("candidate", cand))
                 if (r := _unreliable_reasons(rep))]
 
@@ -395,6 +399,7 @@ def compare_command(baseline_path, candidate_path, fmt, fail_on, threshold_specs
             "new_trace_symptoms": [s["id"] for s in new_symptoms],
             "resolved_trace_symptoms": [s["id"] for s in gone_symptoms],
             "regression": regression,
+            "comparable": incomparable is None,
             "warnings": warnings,
             "exit_code": code,
         }, indent=2, default=str))
@@ -420,6 +425,9 @@ def compare_command(baseline_path, candidate_path, fmt, fail_on, threshold_specs
         click.echo("verdict: REGRESSION — roll back (a TTFT/TPOT percentile is more than the allowed share worse than baseline)")
     elif failing:
         click.echo("verdict: FAIL — " + ", ".join(s["id"] for s in failing))
+    elif incomparable is not None:
+        why = incomparable.get("reason") or ", ".join(incomparable.get("missing", []))
+        click.echo(f"verdict: {'CANNOT COMPARE' if not allow_missing else 'not compared (--allow-missing)'} — {why}")
     else:
         click.echo("verdict: no regression")
     sys.exit(code)

@@ -137,7 +137,7 @@ def test_timeline_gaps_match_the_analyzer_on_vllm(vllm):
     assert td.rows == ["steps / phases", "GPU 2 · stream 0", "GPU 2 · idle"]
     gaps = _all_phase(r)["gaps"]
     counts = {k: int((td.gap_kind == i).sum()) for i, k in enumerate(GAP_KINDS)}
-    assert counts == gaps["count_by_kind"] == {"launch": 0, "graph": 420, "other": 13, "unattributed": 0}
+    assert counts == gaps["count_by_kind"] == {"launch": 0, "graph": 0, "other": 3, "unattributed": 0}
     for i, k in enumerate(GAP_KINDS):
         ms = float((td.gap_end[td.gap_kind == i] - td.gap_start[td.gap_kind == i]).sum()) / 1e6
         assert ms == pytest.approx(gaps["ms_by_kind"][k], abs=1e-6)
@@ -148,7 +148,7 @@ def test_timeline_gaps_match_the_analyzer_on_sglang(sglang):
     td = prepare_timeline(sglang.activities, r)
     assert td.rows == ["steps / phases", "GPU 9 · stream 2", "GPU 9 · stream 3", "GPU 9 · idle"]
     counts = {k: int((td.gap_kind == i).sum()) for i, k in enumerate(GAP_KINDS)}
-    assert counts == _all_phase(r)["gaps"]["count_by_kind"] == {"launch": 19, "graph": 0, "other": 513, "unattributed": 0}
+    assert counts == _all_phase(r)["gaps"]["count_by_kind"] == {"launch": 18, "graph": 0, "other": 2, "unattributed": 0}
     launch_ms = float((td.gap_end - td.gap_start)[td.gap_kind == 0].sum()) / 1e6
     assert launch_ms == pytest.approx(_all_phase(r)["gaps"]["ms_by_kind"]["launch"], abs=1e-6)
 
@@ -159,14 +159,15 @@ def test_timeline_detail_figure_on_vllm(vllm):
     meta = fig.layout.meta
     assert meta["mode"] == "detail"
     assert meta["visible_activities"] == _all_phase(r)["activity_count"] == 434
-    # 434 activities + 433 gaps + 1 decode band + 1 step marker.
-    assert meta["drawn"] == figure_drawn_elements(fig) == 434 + 433 + 2
+    # 434 activities + 3 gaps (the rest are < 10 ns rounding) + 1 decode band + 1 step marker.
+    assert meta["drawn"] == figure_drawn_elements(fig) == 434 + 3 + 2
     names = [t.name for t in fig.data]
     cats = set(_all_phase(r)["categories_ms"])
     assert {n for n in names if n in cats} == cats
-    assert "gap inside graph replay" in names and "decode step" in names
-    assert not any(n.startswith("launch gap") for n in names)  # no launch gaps in a CUDA-graph replay
-    assert len(fig.data) == len(cats) + 2 + 2
+    assert "decode step" in names
+    # no launch gaps in a CUDA-graph replay; its ~1 ns gaps are rounding, not drawn
+    assert not any(n.startswith("launch gap") or n == "gap inside graph replay" for n in names)
+    assert len(fig.data) == len(cats) + 1 + 2
     # One band for the decode step covering its GPU range (ms since t0).
     step = r["steps"][0]
     band = next(t for t in fig.data if t.name == "decode step")

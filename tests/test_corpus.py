@@ -46,7 +46,7 @@ def test_vllm_decode_cuda_graph_step():
     # 1 hipGraphLaunch replays 421 kernels; 3 eager launches + 9 memcpys + 1 more kernel.
     assert d.kernel_count == 425 and d.activity_count == 434
     assert d.launch_gap_share == 0.0  # gaps inside one graph replay are not launch gaps
-    assert d.gaps["count_by_kind"]["graph"] > 0
+    assert d.gaps["count_by_kind"]["launch"] == 0  # gaps inside the replay are ~1 ns rounding (< 10 ns: not gaps)
     codes = {q.code: q for q in a.quality}
     assert codes["graph_kernels_no_launch"].count == 421
     assert "unnamed_device" in codes  # deviceProperties name is "" on these MI300X traces
@@ -65,6 +65,11 @@ def test_vllm_mixed_step_is_mixed_not_decode():
 
 def test_sglang_prefill_step():
     a = run_analysis(str(shared_trace("tracelens/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.gz")))
+    # The 493 ms idle stretch follows a kernel whose launch call returned 48 µs late: only that
+    # part (plus the 20 µs launch allowance) is a launch gap; the rest waited on a blocking copy.
+    p = a.phase("prefill")
+    assert p.gaps["ms_by_kind"]["launch"] < 2.0
+    assert p.gaps["ms_by_kind"]["other"] > 490.0
     # "execute_15360_context_15(...)" wraps "step[EXTEND bs=15 toks=15360]": one step, not two.
     assert len(a.steps) == 1
     s = a.steps.iloc[0]

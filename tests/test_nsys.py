@@ -9,12 +9,24 @@ import stat
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from diagnose.errors import TraceFormatError
 from diagnose.trace import nsys
 from diagnose.trace.model import ANNOTATION_COLUMNS, GPU_COLUMNS, RUNTIME_COLUMNS
 from diagnose.trace.nsys import load_nsys_rep, load_nsys_sqlite
+
+HAS_ADBC = nsys.adbc_available()
+needs_adbc = pytest.mark.skipif(not HAS_ADBC, reason="adbc-driver-sqlite not installed")
+
+
+@pytest.fixture(autouse=True, params=[pytest.param("adbc", marks=needs_adbc), "sqlite3"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs once per bulk reader (through DIAGNOSE_NSYS_READER)."""
+    monkeypatch.setenv(nsys.READER_ENV, request.param)
+    return request.param
+
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 REAL = {
@@ -158,7 +170,7 @@ def real_path(name: str) -> Path:
 
 
 @pytest.mark.parametrize("name", sorted(REAL))
-def test_real_export_matches_sql(name: str) -> None:
+def test_real_export_matches_sql(name: str, reader: str) -> None:
     path = real_path(name)
     n_kernels, kernel_ns, n_runtime, n_nvtx, schema = REAL[name]
     before = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -174,6 +186,7 @@ def test_real_export_matches_sql(name: str) -> None:
     con.close()
 
     assert trace.source_format == "nsys-sqlite"
+    assert trace.metadata["nsys"]["reader"] == reader and "reader_fallbacks" not in trace.metadata["nsys"]
     assert_contract(trace)
     k = trace.gpu[trace.gpu["kind"] == "kernel"]
     assert len(k) == sql_k == n_kernels
@@ -463,3 +476,234 @@ def test_real_rep_parity(name: str) -> None:
         (sqlite_trace.gpu["end_ns"] - sqlite_trace.gpu["start_ns"]).sum()
     )
     assert len(rep_trace.runtime) == len(sqlite_trace.runtime)
+
+
+# ---------------------------------------------------------------- readers (adbc vs sqlite3)
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def assert_same_trace(a, b) -> None:
+    """Same frames (values, dtypes, order, index), metadata (but the reader), notes, devices."""
+    for name in ("gpu", "runtime", "annotations", "gpu_syncs", "cpu_ops"):
+        pd.testing.assert_frame_equal(getattr(a, name), getattr(b, name), check_exact=True)
+    ma, mb = dict(a.metadata["nsys"]), dict(b.metadata["nsys"])
+    for m in (ma, mb):
+        m.pop("reader")
+        m.pop("reader_fallbacks", None)
+    assert ma == mb
+    assert [vars(q) for q in a.quality] == [vars(q) for q in b.quality]
+    assert a.devices == b.devices and a.partial == b.partial
+
+
+def both(path: Path):
+    """(adbc trace, sqlite3 trace) of ``path``; the file is unchanged by either."""
+    before = sha(path)
+    a = load_nsys_sqlite(str(path), reader="adbc")
+    b = load_nsys_sqlite(str(path), reader="sqlite3")
+    assert a.metadata["nsys"]["reader"] == "adbc" and b.metadata["nsys"]["reader"] == "sqlite3"
+    assert sha(path) == before
+    return a, b
+
+
+def mixed_db(path: Path, n_nvtx: int = 40) -> Path:
+    """Two processes, runtime + driver, graphs, NULL NVTX ends, text and textId names,
+    unresolved ids, huge globalTid high bits, reversed rows: everything the loader maps."""
+    big = 1 << 62  # high bits above the pid must not disturb int64 decoding
+    strings = {1: "cudaLaunchKernel_v7000", 2: "cuLaunchKernelEx", 3: "cudaGraphLaunch_v10000", 4: "",
+               5: "void k<1>()", 6: "k", 20: "decode_step", 21: "prefill"}
+    pa_, pb = 100, 200
+    kernels = [(5_000 + 10 * i, 5_005 + 10 * i, i % 2, 7, i, (1 << 48) | (pa_ << 24), 5 if i % 3 else 4, 6)
+               for i in reversed(range(30))]
+    kernels.append((9_000, 9_100, 0, 7, 1, (1 << 48) | (pb << 24), 77, 78))  # unresolved names
+    runtime = [(1_000 + 10 * i, 1_004 + 10 * i, big | (pa_ << 24) | 5, i, 1 if i % 5 else 99) for i in range(30)]
+    runtime.append((900, 950, big | (pb << 24) | 6, 1, 1))  # colliding correlation id, other pid
+    driver = [(2_000, 2_100, big | (pa_ << 24) | 5, 500, 2)]
+    graphs = [(20_000, 29_000, 0, 7, 600, (1 << 48) | (pa_ << 24), 3)]
+    nvtx = []
+    for i in range(n_nvtx):
+        g = big | (pa_ << 24) | (5 + i % 3)
+        end = None if i % 7 == 3 else 1_000 + 100 * i + 50
+        text = None if i % 2 else f"step {i % 4}"
+        nvtx.append((1_000 + 100 * i, end, 59 if i % 3 else 60, text, g, 20 + i % 3))  # textId 22: unknown
+    nvtx.append((50, 60, 34, "a mark", big, None))
+    return make_db(path, strings=strings, kernels=kernels, runtime=runtime, driver=driver, graphs=graphs,
+                   nvtx=nvtx, gpus=[H200])
+
+
+@needs_adbc
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_readers_identical_on_real_exports(name: str) -> None:
+    a, b = both(real_path(name))
+    assert_same_trace(a, b)
+    assert "reader_fallbacks" not in a.metadata["nsys"]
+
+
+@needs_adbc
+def test_readers_identical_on_fixture(tmp_path: Path) -> None:
+    a, b = both(mixed_db(tmp_path / "m.sqlite"))
+    assert_same_trace(a, b)
+    assert "reader_fallbacks" not in a.metadata["nsys"]
+    assert a.metadata["nsys"]["correlation"] == "pid<<32|correlationId"
+    assert codes(a)["nsys_nvtx_unterminated"].count == 6
+    assert set(a.annotations["name"]) == {"step 0", "step 2", "decode_step", "prefill", ""}
+    assert a.runtime["pid"].tolist()[0] == 200 and set(a.runtime["tid"]) == {5, 6}
+
+
+@needs_adbc
+def test_parallel_range_reads_match(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = mixed_db(tmp_path / "p.sqlite", n_nvtx=200)
+    con = sqlite3.connect(path)  # holes in the rowids: ranges must still cover every row once
+    con.execute('DELETE FROM NVTX_EVENTS WHERE rowid % 11 = 0')
+    con.commit()
+    con.close()
+    whole = load_nsys_sqlite(str(path), reader="sqlite3")
+    monkeypatch.setattr(nsys, "SPLIT_ROWS", 7)
+    monkeypatch.setattr(nsys, "_cpus", lambda: 4)
+    seen: list[str] = []
+    real_fetch = nsys._fetch_part
+    monkeypatch.setattr(nsys, "_fetch_part", lambda con, sql, *a: seen.append(sql) or real_fetch(con, sql, *a))
+    split = load_nsys_sqlite(str(path), reader="adbc")
+    # 4 ranges x 2 reads (the ranges, then the textIds of the rows without text)
+    assert sum("rowid BETWEEN" in q and "NVTX_EVENTS" in q for q in seen) == 8
+    assert_same_trace(split, whole)
+    assert len(split.annotations) > 100
+
+
+@needs_adbc
+def test_type_surprises_fall_back_to_sqlite3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ADBC infers column types from the first batch; any other type, later or first, makes
+    that one query go through sqlite3, so the result is the sqlite3 reader's."""
+    monkeypatch.setattr(nsys, "ARROW_BATCH_ROWS", 4)
+    strings = {1: "cudaLaunchKernel_v7000", 2: "k"}
+    kernels = [(1_000 * i, 1_000 * i + 500, 0, 7, i, GPID, 2, 2) for i in range(1, 11)]
+    runtime = [(1_000 * i - 400, 1_000 * i - 300, gtid(PID, TID), i, 1) for i in range(1, 11)]
+    path = make_db(tmp_path / "t.sqlite", strings=strings, kernels=kernels, runtime=runtime)
+    con = sqlite3.connect(path)
+    # Non-integral REALs stay REAL in an INTEGER column: one in the 3rd batch, one in the 1st.
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET end = 9500.5 WHERE correlationId = 9")
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = 599.5 WHERE correlationId = 1")
+    con.commit()
+    con.close()
+    a, b = both(path)
+    assert_same_trace(a, b)
+    assert a.metadata["nsys"]["reader_fallbacks"] == ["CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"]
+    assert a.gpu["end_ns"].tolist()[8] == 9_500 and a.runtime["start_ns"].tolist()[0] == 599  # truncated, as before
+
+    con = sqlite3.connect(path)
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET streamId = 'seven' WHERE correlationId = 2")
+    con.commit()
+    con.close()
+    for r in ("adbc", "sqlite3"):
+        with pytest.raises(TraceFormatError, match="non-integer value in CUPTI_ACTIVITY_KIND_KERNEL.stream"):
+            load_nsys_sqlite(str(path), reader=r)
+
+
+@needs_adbc
+def test_adbc_reads_odd_paths_read_only(tmp_path: Path) -> None:
+    d = tmp_path / "odd dir #1 é?"
+    d.mkdir()
+    path = mixed_db(d / "re port%20.sqlite")
+    path.chmod(stat.S_IRUSR)
+    d.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        before = sorted(os.listdir(d))
+        a, b = both(path)
+        assert "reader_fallbacks" not in a.metadata["nsys"]  # the URI reached the driver intact
+        assert_same_trace(a, b)
+        assert sorted(os.listdir(d)) == before
+    finally:
+        d.chmod(stat.S_IRWXU)
+        path.chmod(stat.S_IRUSR | stat.S_IWUSR)
+
+
+@needs_adbc
+def test_adbc_connection_cannot_write(tmp_path: Path) -> None:
+    path = make_db(tmp_path / "w.sqlite", strings={1: "k"}, kernels=[(1, 2, 0, 7, 1, GPID, 1, 1)])
+    before = sha(path)
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    db = nsys._Db(con, str(path), path.resolve().as_uri() + "?mode=ro", "adbc")
+    try:
+        cur = db._arrow_cons(1)[0].cursor()
+        try:
+            with pytest.raises(Exception):  # noqa: B017 - "readonly"; older drivers say less
+                cur.execute("CREATE TABLE x (a INTEGER)")
+        finally:
+            try:
+                cur.close()
+            except Exception:  # noqa: BLE001 - adbc 1.0 also fails closing the failed statement
+                pass
+    finally:
+        db.close()
+        con.close()
+    assert sha(path) == before
+
+
+def test_reader_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = make_db(tmp_path / "c.sqlite", strings={1: "k"}, kernels=[(1, 2, 0, 7, 1, GPID, 1, 1)])
+    with pytest.raises(ValueError, match="one of auto, adbc, sqlite3"):
+        load_nsys_sqlite(str(path), reader="duckdb")
+    monkeypatch.setenv(nsys.READER_ENV, "sqlite3")
+    assert load_nsys_sqlite(str(path)).metadata["nsys"]["reader"] == "sqlite3"
+    monkeypatch.setenv(nsys.READER_ENV, "auto")
+    assert load_nsys_sqlite(str(path)).metadata["nsys"]["reader"] == ("adbc" if HAS_ADBC else "sqlite3")
+    # Without the package: auto quietly uses sqlite3, an explicit adbc is an error.
+    monkeypatch.setattr(nsys, "_ADBC", False)
+    assert load_nsys_sqlite(str(path), reader="auto").metadata["nsys"]["reader"] == "sqlite3"
+    with pytest.raises(ValueError, match="adbc-driver-sqlite"):
+        load_nsys_sqlite(str(path), reader="adbc")
+
+
+@pytest.mark.parametrize("ids", [[3, 1, 2, 7], [5, 10**12, 2]], ids=["dense", "sparse"])
+def test_string_table_lookup(ids: list[int]) -> None:
+    vals = [f"s{i}" for i in ids]
+    st = nsys._Strings(np.array(ids + [-4], dtype=np.int64), np.array(vals + ["neg"], dtype=object))
+    assert (st._lut is not None) == (max(ids) < 10**6)
+    q = np.array([ids[1], -1, 999_999_999_999_999, ids[0], 4, ids[1]], dtype=np.int64)
+    assert st.take(q).tolist() == [vals[1], None, None, vals[0], None, vals[1]]
+    sub = st.subset(q)
+    assert sorted(sub.ids.tolist()) == sorted([ids[0], ids[1]])
+    assert sub.map(str.upper).take(np.array([ids[0]])).tolist() == [vals[0].upper()]
+    assert nsys._Strings.empty().take(q).tolist() == [None] * len(q)
+
+
+def test_factor_concat_shares_values() -> None:
+    f = nsys._Factor.concat([
+        (np.array([0, 1, -1, 0]), np.array(["a", "b"], dtype=object)),
+        (np.array([1, 0, -1]), np.array(["a", "c"], dtype=object)),
+    ])
+    assert f.values().tolist() == ["a", "b", None, "a", "c", "a", None]
+    assert f.uniques.tolist() == ["a", "b", "c"]
+
+
+def test_nvtx_without_text_column_and_textid_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = make_db(tmp_path / "nt.sqlite", strings={20: "decode_step", 21: "prefill"}, kernels=[], runtime=[])
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE NVTX_EVENTS (start INTEGER NOT NULL, end INTEGER, eventType INTEGER, globalTid INTEGER, textId INTEGER)")
+    g = gtid(PID, TID)
+    con.executemany("INSERT INTO NVTX_EVENTS VALUES (?, ?, 59, ?, ?)",
+                    [(1_000, 2_000, g, 20), (3_000, None, g, 21), (4_000, 5_000, g, 21), (6_000, 7_000, g, 99)])
+    con.commit()
+    con.close()
+    trace = load_nsys_sqlite(str(path))
+    assert trace.annotations["name"].tolist() == ["decode_step", "prefill", ""]
+    assert codes(trace)["nsys_unresolved_names"].count == 1
+
+    # If the blank-text rows read back in a different number than Python counted, every row's
+    # textId is read instead: same names.
+    real_read = nsys._Db.read
+
+    def short_read(self, table, cols, where="", *a, **k):
+        out = real_read(self, table, cols, where, *a, **k)
+        if "textId" in out and "IS NULL OR" in where:
+            out["textId"] = out["textId"][1:]
+        return out
+
+    mixed = mixed_db(tmp_path / "m.sqlite")
+    want = load_nsys_sqlite(str(mixed))
+    monkeypatch.setattr(nsys._Db, "read", short_read)
+    again = load_nsys_sqlite(str(mixed))
+    pd.testing.assert_frame_equal(again.annotations, want.annotations)
+    assert (again.annotations["name"] == "decode_step").any()

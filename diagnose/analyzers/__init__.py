@@ -277,9 +277,10 @@ def analyze(trace: Trace, options: Options | None = None) -> Analysis:
     for dev in devices_present or [None]:
         sub_all = g[g["device"] == dev] if dev is not None else g.iloc[0:0]
         dev_steps = steps if dev is None else steps[steps["device_activity_count"].apply(lambda m: dev in m)]
-        all_wall = int(sub_all["end_ns"].max() - sub_all["start_ns"].min()) if len(sub_all) else _cpu_span_ns(trace)
+        all_wall = _all_wall_ns(sub_all, dev_steps) if (len(sub_all) or len(dev_steps)) else _cpu_span_ns(trace)
         pf_all = _phase_findings("all", dev, sub_all, len(steps), all_wall)
         pf_all.unreliable = list(unreliable)
+        pf_all.attainment = dict(_NO_ATTAINMENT)
         phases.append(pf_all)
         for p in phase_names:
             ps = steps[steps["phase"] == p] if dev is None else dev_steps[dev_steps["phase"] == p]
@@ -288,17 +289,20 @@ def analyze(trace: Trace, options: Options | None = None) -> Analysis:
                 continue
             pf = _phase_findings(p, dev, sub, len(ps), int(ps["wall_ns"].sum()))
             pf.attainment = phase_attainment(p, ps, att_inputs, graph_steps[ps.index.to_numpy()])
+            pf.unreliable = list(unreliable)
             cov = pf.attainment.get("forward_coverage")
             if cov is not None and cov < 0.5:
+                pf.unreliable += ["mbu", "mfu", "bound_ratio", "achieved_tbps", "achieved_tflops", "arithmetic_intensity"]
                 note("partial_forward", f"{p}: the operators in the step windows account for {cov:.0%} of the model config's FLOPs: the trace covers part of a forward, so bytes from the config overstate the work and MBU/bound_ratio are too high")
             if pf.attainment.get("achieved_tbps") and pf.attainment.get("peak_tbps") and pf.attainment["achieved_tbps"] > pf.attainment["peak_tbps"]:
                 note("bandwidth_above_peak", f"{p}: achieved {pf.attainment['achieved_tbps']:.2f} TB/s exceeds the device peak {pf.attainment['peak_tbps']:.2f} TB/s: wrong peak, wrong model config, or a timing without synchronisation (S7)")
-            pf.unreliable = list(unreliable)
             phases.append(pf)
         unk = sub_all[sub_all["phase"] == "unknown"]
         if len(unk):
             wall = int(unk["end_ns"].max() - unk["start_ns"].min())
-            phases.append(_phase_findings("unknown", dev, unk, 0, wall))
+            pf_unk = _phase_findings("unknown", dev, unk, 0, wall)
+            pf_unk.attainment = dict(_NO_ATTAINMENT)
+            phases.append(pf_unk)
 
     return Analysis(
         source={"path": trace.source_path, "format": trace.source_format},
@@ -416,6 +420,28 @@ def attainment_inputs(trace: Trace, options: Options, dev_list: list[dict], note
     if inp.peak is None and dev_list:
         note("unknown_device_peak", f"device {name or '(unnamed)'!r} is not in the GPU peak table: MFU/MBU skipped (use --gpu NAME or --peak-tflops/--bandwidth-tbps)")
     return inp
+
+
+_NO_ATTAINMENT = {k: None for k in ("flops", "bytes", "achieved_tflops", "achieved_tbps", "mfu", "mbu",
+                                      "arithmetic_intensity", "bound", "bound_ratio", "peak_tflops", "peak_tbps")}
+_NO_ATTAINMENT["attainment_missing"] = ["computed per step phase (prefill, decode, mixed) only"]
+
+
+def _all_wall_ns(acts: pd.DataFrame, steps: pd.DataFrame) -> int:
+    """End-to-end wall of everything on a device: from the first step start or GPU activity to
+    the last completion (step end or GPU end); never shorter than a phase's summed step walls."""
+    starts, ends = [], []
+    if len(acts):
+        starts.append(int(acts["start_ns"].min()))
+        ends.append(int(acts["end_ns"].max()))
+    if len(steps):
+        starts.append(int(steps["start_ns"].min()))
+        ends.append(int(steps["end_ns"].max()))
+        ge = steps["gpu_end_ns"].to_numpy()
+        ge = ge[ge != NO_TIME]
+        if len(ge):
+            ends.append(int(ge.max()))
+    return max(ends) - min(starts) if starts else 0
 
 
 def _cpu_span_ns(trace: Trace) -> int:

@@ -56,6 +56,8 @@ def user_grammars(specs: tuple[str, ...] | list[str]) -> list[Grammar]:
             raise DiagnoseError(f"--phase expects PHASE=REGEX (PHASE one of {', '.join(PHASES)}), got {spec!r}")
         phase, rx = spec.split("=", 1)
         phase = phase.strip().lower()
+        if not rx.strip():
+            raise DiagnoseError(f"--phase {phase}: empty regex (it would match every range)")
         if phase not in PHASES:
             raise DiagnoseError(f"--phase: unknown phase {phase!r}; use one of {', '.join(PHASES)}")
         try:
@@ -129,15 +131,20 @@ def find_steps(trace: Trace, extra: list[Grammar] | None = None) -> pd.DataFrame
     rows = []
     for scope in ("cpu", "gpu"):
         sub = ann[ann["scope"] == scope]
-        cache: dict[str, dict | None] = {}
-        for name, s, e in zip(sub["name"].to_numpy(), sub["start_ns"].to_numpy(), sub["end_ns"].to_numpy()):
-            if name not in cache:
-                cache[name] = match_marker(name, grammars)
-            m = cache[name]
-            if m:
-                rows.append({"name": name, "start_ns": int(s), "end_ns": int(e), "scope": scope, **m})
-        if rows:
-            break  # CPU markers win; GPU-side copies of the same ranges are not extra steps
+        if len(sub) == 0:
+            continue
+        # match each distinct name once (nsys exports carry millions of repeated NVTX names)
+        codes, uniques = pd.factorize(sub["name"], sort=False)
+        matched = [match_marker(str(u), grammars) for u in uniques]
+        hit = np.array([m is not None for m in matched], dtype=bool)
+        if not hit.any():
+            continue
+        sel = np.nonzero(hit[codes])[0]
+        starts = sub["start_ns"].to_numpy()[sel]
+        ends = sub["end_ns"].to_numpy()[sel]
+        for c, st_, en_ in zip(codes[sel], starts, ends):
+            rows.append({"name": str(uniques[c]), "start_ns": int(st_), "end_ns": int(en_), "scope": scope, **matched[c]})
+        break  # CPU markers win; GPU-side copies of the same ranges are not extra steps
     if not rows:
         return pd.DataFrame(columns=STEP_COLUMNS)
     rows.sort(key=lambda r: (r["start_ns"], -r["end_ns"]))
@@ -252,7 +259,10 @@ def steps_from_shapes(trace: Trace) -> pd.DataFrame:
     ann = trace.annotations
     windows = []
     if len(ann):
-        ps = ann[(ann["scope"] == "cpu") & ann["name"].str.startswith("ProfilerStep#")]
+        cpu = ann[ann["scope"] == "cpu"]
+        codes, uniques = pd.factorize(cpu["name"], sort=False)
+        is_ps = np.array([str(u).startswith("ProfilerStep#") for u in uniques], dtype=bool)
+        ps = cpu[is_ps[codes]] if len(uniques) else cpu
         windows = [(n, int(s), int(e)) for n, s, e in zip(ps["name"], ps["start_ns"], ps["end_ns"])]
     if not windows:
         frames = [f for f in (trace.cpu_ops, trace.runtime) if len(f)]

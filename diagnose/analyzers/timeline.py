@@ -6,10 +6,13 @@ Definitions (stated in the README, "Definitions"):
 * **GPU busy** = length of the union of activity intervals (kernels, memcpy, memset; all
   streams merged): overlapping activities count once, zero-length ones count 0.
 * **idle share** = 1 - busy / window.
-* A **gap** is an interval inside the window covered by no activity. The gap before activity
-  *k* (in start order) is a **launch gap** when *k*'s host launch call ended after the GPU had
-  finished everything before it (``launch_end_ns > previous busy end``): the GPU waited for
-  the host. A gap before a kernel replayed by the same CUDA/HIP graph launch as an earlier
+* A **gap** is an interval inside the window covered by no activity; gaps shorter than 10 ns
+  are timestamp rounding (µs with 3 decimals) and are not counted as gaps. The gap before
+  activity *k* (in start order) is a **launch gap** when *k*'s host launch call ended after
+  the GPU had finished everything before it (``launch_end_ns > previous busy end``): the GPU
+  waited for the host. Only the host-late part plus a launch-latency allowance (20 µs, the
+  order of a kernel's submit-to-start latency) counts as launch gap; whatever the GPU idled
+  after that (the kernel was submitted but waited on an event or a copy) is **other**. A gap before a kernel replayed by the same CUDA/HIP graph launch as an earlier
   kernel is a **graph** gap (inside one replay), never a launch gap. A gap whose next
   activity was launched in time is **other** (dependency, sync, queueing); one whose next
   activity has no linked launch call is **unattributed**.
@@ -24,6 +27,8 @@ import numpy as np
 from diagnose.trace.model import NO_TIME
 
 GAP_KINDS = ("launch", "graph", "other", "unattributed")
+MIN_GAP_NS = 10
+LAUNCH_LATENCY_NS = 20_000
 
 
 def union_busy_ns(start_ns: np.ndarray, end_ns: np.ndarray) -> int:
@@ -57,20 +62,34 @@ def classify_gaps(
 
     Returns:
         (gap_start_ns, gap_end_ns, kind_code, next_index): kind_code indexes GAP_KINDS;
-        next_index is the activity that follows each gap.
+        next_index is the activity that follows each gap. A launch gap longer than its
+        host-late part plus LAUNCH_LATENCY_NS is split: a launch interval, then an other one
+        (same next_index).
     """
     z = np.zeros(0, dtype=np.int64)
     if len(s) < 2:
         return z, z, np.zeros(0, dtype=np.int8), z
     cm = np.maximum.accumulate(e)
     prev_end = cm[:-1]
-    idx = np.nonzero(s[1:] - prev_end > 0)[0] + 1
+    idx = np.nonzero(s[1:] - prev_end >= MIN_GAP_NS)[0] + 1
+    g0, g1 = prev_end[idx - 1], s[idx]
     kind = np.full(len(idx), GAP_KINDS.index("other"), dtype=np.int8)
     unknown = launch_end_ns[idx] == NO_TIME
     kind[unknown] = GAP_KINDS.index("unattributed")
-    kind[(~unknown) & (launch_end_ns[idx] > prev_end[idx - 1])] = GAP_KINDS.index("launch")
+    late = (~unknown) & (launch_end_ns[idx] > g0)
+    kind[late] = GAP_KINDS.index("launch")
     kind[graph_followup[idx]] = GAP_KINDS.index("graph")
-    return prev_end[idx - 1], s[idx], kind, idx
+    is_launch = kind == GAP_KINDS.index("launch")
+    cut = np.where(is_launch, np.minimum(g1, launch_end_ns[idx] + LAUNCH_LATENCY_NS), g1)
+    split = is_launch & (cut < g1)
+    if split.any():
+        starts = np.concatenate((g0, cut[split]))
+        ends = np.concatenate((np.where(split, cut, g1), g1[split]))
+        kinds = np.concatenate((kind, np.full(int(split.sum()), GAP_KINDS.index("other"), dtype=np.int8)))
+        nexts = np.concatenate((idx, idx[split]))
+        order = np.argsort(starts, kind="stable")
+        return starts[order], ends[order], kinds[order], nexts[order]
+    return g0, g1, kind, idx
 
 
 @dataclass
@@ -133,19 +152,21 @@ def analyze_gaps(
     prev_end = cm[:-1]
     g = gap_end - gap_start
     kind = np.asarray(GAP_KINDS, dtype=object)[codes]
+    whole = s[1:] - prev_end
+    whole = whole[whole >= MIN_GAP_NS]  # each idle gap once, for the "all" distribution
     for k in GAP_KINDS:
         m = kind == k
         st.gap_ns_by_kind[k] = int(g[m].sum())
         st.gap_count_by_kind[k] = int(m.sum())
     st.launch_gaps_ns = g[kind == "launch"]
-    st.all_gaps_ns = g
+    st.all_gaps_ns = whole
     if top_n and len(g):
         nm = np.asarray(names, dtype=object)[order] if names is not None else None
         for j in np.argsort(-g, kind="stable")[:top_n]:
             i = idx[j]
             st.top.append(
                 {
-                    "start_ns": int(prev_end[i - 1]),
+                    "start_ns": int(gap_start[j]),
                     "gap_us": round(float(g[j]) / 1e3, 3),
                     "kind": str(kind[j]),
                     "next": str(nm[i])[:120] if nm is not None else None,

@@ -48,7 +48,9 @@ def render(analysis: Analysis, console: Console | None = None) -> None:
         for s in symptoms[1:]:
             c.print(Text(f"  [{s['severity']}] {s['symptom']}: {s['summary']}", style=_SEV_STYLE.get(s["severity"], "")))
     elif "symptoms" in d:
-        c.print(Text("No symptom rule fired.", style="green"))
+        ne = len(d.get("not_evaluated") or [])
+        tail = f" ({ne} rule(s) not evaluated for lack of inputs: see below)" if ne else ""
+        c.print(Text("No symptom rule fired." + tail, style="green"))
 
     t = Table(title="Phases (per device)", header_style="bold")
     for col in ("phase", "device", "steps", "wall ms", "GPU busy ms", "idle share", "launch-gap share", "attention share", "kernels"):
@@ -62,9 +64,12 @@ def render(analysis: Analysis, console: Console | None = None) -> None:
                _pct(p["gpu_idle_share"]), _pct(p["launch_gap_share"]), _pct(p["attention_share"]), str(p["kernel_count"])]
         for k in extra_cols:
             v = p.get(k)
-            row.append(_pct(v) if k in ("mfu", "mbu") else _num(v, 2))
+            cell = _pct(v) if k in ("mfu", "mbu") else _num(v, 2)
+            row.append(cell + " ?" if v is not None and k in (p.get("unreliable") or []) else cell)
         t.add_row(*row)
     c.print(t)
+    if any(p.get("unreliable") for p in d["phases"]):
+        c.print("[dim]? = unreliable (see Data quality)[/dim]")
 
     lat = d["latency"]
     lt = Table(title="Latency (definitions: README §Definitions)", header_style="bold")
@@ -92,7 +97,8 @@ def render(analysis: Analysis, console: Console | None = None) -> None:
             c.print(f"  {k['total_ms']:10.3f} ms  {k['count']:5d}×  {k['category']:13s} {k['name'][:90]}")
 
     if d.get("not_evaluated"):
-        c.print("[bold]Rules not evaluated:[/bold] " + "; ".join(f"{n['id']} (missing {', '.join(n['missing'])})" for n in d["not_evaluated"]))
+        c.print("[bold]Rules not evaluated:[/bold] " + "; ".join(
+            f"{n['id']} ({n.get('reason') or 'missing ' + ', '.join(n.get('missing') or [])})" for n in d["not_evaluated"]))
     if d["quality"]:
         c.print("[bold]Data quality:[/bold]")
         for q in d["quality"]:

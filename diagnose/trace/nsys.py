@@ -32,11 +32,23 @@ process are present (multi-process serving, or a helper process as in the 3.17 s
 launch is never matched with another process's kernel; ``metadata["nsys"]["correlation"]``
 says which encoding was used ("correlationId" or "pid<<32|correlationId").
 
-Bulk loads use ``pandas.read_sql`` (in chunks of ``CHUNK_ROWS``) on a read-only ``sqlite3``
-connection with only the needed columns; the kernel name id is chosen in SQL, ``StringIds``
-values are fetched once per distinct id and mapped with numpy (no per-row Python). The
-per-row ``globalPid`` is read only when several processes make pid-qualified correlation
-necessary.
+Bulk loads select only the needed columns (the kernel name id is chosen in SQL) and come in
+one of two ways, with the same result (``metadata["nsys"]["reader"]`` says which was used):
+
+* ``"adbc"`` (the default when ``adbc-driver-sqlite`` is installed): columnar reads through
+  ADBC into Arrow, then numpy without per-row Python; tables over ``SPLIT_ROWS`` rows are
+  read in rowid ranges on parallel read-only connections (the driver releases the GIL).
+  The driver infers column types from the data, so a query whose columns do not come back
+  as int64 without NULLs (or strings for NVTX text) is redone with sqlite3 and listed in
+  ``metadata["nsys"]["reader_fallbacks"]``.
+* ``"sqlite3"`` (the fallback without the package, or ``DIAGNOSE_NSYS_READER=sqlite3``):
+  ``pandas.read_sql`` in chunks of ``CHUNK_ROWS`` rows.
+
+Either way the input is opened read-only (``file:...?mode=ro``), rows are read in rowid
+order, ``StringIds`` are mapped to names through a vectorized id lookup table, and string
+columns stay factorized (codes into their distinct values) until the frame is built, so
+repeated names share one ``str``. The per-row ``globalPid`` is read only when several
+processes make pid-qualified correlation necessary.
 """
 from __future__ import annotations
 
@@ -45,7 +57,9 @@ import re
 import shutil
 import sqlite3
 import subprocess
+import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -117,7 +131,7 @@ _INVALID_U32 = 0xFFFFFFFF
 _DATA_LOSS = re.compile(r"\b(dropped|lost|discarded|overflow(ed)?)\b", re.I)
 
 
-def load_nsys_rep(path: str) -> Trace:
+def load_nsys_rep(path: str, reader: str | None = None) -> Trace:
     """Export an Nsight Systems ``.nsys-rep`` to SQLite with ``nsys`` and load it.
 
     The export is written to a private temporary directory that is removed afterwards;
@@ -125,6 +139,7 @@ def load_nsys_rep(path: str) -> Trace:
 
     Args:
         path: the ``.nsys-rep`` (or legacy ``.qdrep``) report.
+        reader: bulk reader for the export, as for :func:`load_nsys_sqlite`.
 
     Returns:
         The :class:`Trace` of the exported SQLite, ``source_path`` set to ``path`` and
@@ -134,6 +149,7 @@ def load_nsys_rep(path: str) -> Trace:
         TraceFormatError: the file is missing, ``nsys`` is not on PATH, or the export failed
             (also everything :func:`load_nsys_sqlite` raises).
     """
+    _pick_reader(reader)  # a bad reader fails before the (slow) export
     _check_file(path)
     nsys = shutil.which("nsys")
     if nsys is None:
@@ -158,13 +174,13 @@ def load_nsys_rep(path: str) -> Trace:
             lines = [ln.strip() for ln in (proc.stderr + "\n" + proc.stdout).splitlines() if ln.strip()]
             why = lines[-1] if lines else f"exit status {proc.returncode}"
             raise TraceFormatError(f"{path}: `nsys export --type sqlite` failed: {why}")
-        trace = load_nsys_sqlite(out)
+        trace = load_nsys_sqlite(out, reader)
     trace.source_path = path
     trace.metadata.setdefault("nsys", {})["exported_from_rep"] = True
     return trace
 
 
-def load_nsys_sqlite(path: str) -> Trace:
+def load_nsys_sqlite(path: str, reader: str | None = None) -> Trace:
     """Load an Nsight Systems SQLite export into the normalized :class:`Trace`.
 
     The file is opened read-only (``file:...?mode=ro``). Frames are sorted: ``gpu`` by
@@ -172,6 +188,11 @@ def load_nsys_sqlite(path: str) -> Trace:
 
     Args:
         path: the ``.sqlite`` written by ``nsys export --type sqlite``.
+        reader: how the bulk columns are read: ``"adbc"`` (columnar, Arrow, through
+            ``adbc-driver-sqlite``), ``"sqlite3"`` (the standard library, via
+            ``pandas.read_sql``) or ``"auto"`` (adbc when importable). None: the
+            ``DIAGNOSE_NSYS_READER`` environment variable, else ``"auto"``. Both readers
+            give the same Trace; the one used is ``metadata["nsys"]["reader"]``.
 
     Returns:
         Trace with ``source_format="nsys-sqlite"``; data-quality notes in ``trace.quality``
@@ -182,7 +203,9 @@ def load_nsys_sqlite(path: str) -> Trace:
     Raises:
         TraceFormatError: the file is missing, not SQLite, corrupt, or an SQLite database
             without any Nsight Systems table.
+        ValueError: ``reader`` is not one of the above, or ``"adbc"`` without the package.
     """
+    kind = _pick_reader(reader)
     _check_file(path)
     with open(path, "rb") as f:
         head = f.read(16)
@@ -193,19 +216,71 @@ def load_nsys_sqlite(path: str) -> Trace:
         con = sqlite3.connect(uri, uri=True)
     except sqlite3.Error as e:
         raise TraceFormatError(f"{path}: cannot open SQLite read-only ({e})") from None
+    db: _Db | None = None
     try:
-        return _load(con, path)
+        db = _Db(con, path, uri, kind)
+        return _load(db, path)
     except (sqlite3.Error, pd.errors.DatabaseError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise TraceFormatError(f"{path}: unreadable SQLite ({msg})") from None
     finally:
+        if db is not None:
+            db.close()
         con.close()
+
+
+#: Environment variable choosing the bulk reader when ``load_nsys_sqlite(reader=None)``.
+READER_ENV = "DIAGNOSE_NSYS_READER"
+READERS = ("auto", "adbc", "sqlite3")
+
+
+def adbc_available() -> bool:
+    """True when ``adbc_driver_sqlite`` (and pyarrow) import: the columnar reader can be used."""
+    return _adbc_modules() is not None
+
+
+def _adbc_modules() -> tuple[Any, Any] | None:
+    """(adbc_driver_sqlite.dbapi, pyarrow), imported on first use; None when either is absent."""
+    global _ADBC
+    if _ADBC is None:
+        try:
+            import adbc_driver_sqlite.dbapi as dbapi
+            import pyarrow as pa
+        except ImportError:
+            _ADBC = False
+        else:
+            _ADBC = (dbapi, pa)
+    return _ADBC or None
+
+
+_ADBC: Any = None
+
+
+def _pick_reader(reader: str | None) -> str:
+    want = reader if reader is not None else (os.environ.get(READER_ENV) or "auto")
+    want = want.strip().lower()
+    if want not in READERS:
+        raise ValueError(f"nsys reader must be one of {', '.join(READERS)}, not {want!r}")
+    if want == "auto":
+        return "adbc" if adbc_available() else "sqlite3"
+    if want == "adbc" and not adbc_available():
+        raise ValueError("nsys reader 'adbc' needs the adbc-driver-sqlite package (pip install adbc-driver-sqlite)")
+    return want
 
 
 # --------------------------------------------------------------------------------------------
 
-#: Rows per ``pandas.read_sql`` chunk: bounds the transient tuple lists on 1 GB exports.
+#: Rows per ``pandas.read_sql`` chunk (sqlite3 reader): bounds the transient tuple lists on 1 GB exports.
 CHUNK_ROWS = 1_000_000
+#: Rows per Arrow batch (adbc reader). The driver infers each column's type from the first
+#: batch of a result; when a later batch disagrees the read fails and that one query is redone
+#: by the sqlite3 reader (also when a column comes back as another type or with NULLs).
+ARROW_BATCH_ROWS = 1 << 18
+#: The adbc reader splits a table with more rows than this into rowid ranges read on parallel
+#: connections (threads: the driver releases the GIL while it steps SQLite).
+SPLIT_ROWS = 1_000_000
+#: At most this many parallel range reads (capped by the CPUs this process may use).
+MAX_READ_THREADS = 8
 #: Ids per ``StringIds`` lookup query (below SQLite's historical 999-parameter limit).
 _IDS_PER_QUERY = 900
 _NULL_END = np.iinfo(np.int64).min
@@ -230,16 +305,53 @@ def _sql_lit(v: Any) -> str:
     return str(int(v))
 
 
-class _Db:
-    """A read-only connection plus the schema (table name -> set of column names)."""
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
-    def __init__(self, con: sqlite3.Connection, path: str) -> None:
+
+class _Db:
+    """A read-only connection plus the schema (table name -> set of column names).
+
+    Small queries (schema, metadata, distinct pids) go through ``con`` (sqlite3). Bulk column
+    reads (:meth:`read`) and ``StringIds`` go through the chosen reader: ``"adbc"`` (Arrow
+    tables from ``adbc-driver-sqlite`` connections opened on the same read-only URI) or
+    ``"sqlite3"`` (``pandas.read_sql``). Both return the same arrays.
+    """
+
+    def __init__(self, con: sqlite3.Connection, path: str, uri: str = "", reader: str = "sqlite3") -> None:
         self.con = con
         self.path = path
-        names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")]
+        self.uri = uri
+        self.reader = reader
+        #: Tables whose adbc read was redone with sqlite3 (type inference disagreed, or an error).
+        self.fallbacks: list[str] = []
+        self._arrow_pool: list[Any] = []
+        self._all_strings: _Strings | None | bool = None  # False: the Arrow read did not fit
+        kinds = dict(con.execute("SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view')").fetchall())
         self.tables: dict[str, set[str]] = {
-            n: {r[1] for r in con.execute(f"PRAGMA table_info({_q(n)})")} for n in names
+            n: {r[1] for r in con.execute(f"PRAGMA table_info({_q(n)})")} for n in kinds
         }
+        # Plain tables whose rowid can order and split a scan (not views, no column named rowid;
+        # WITHOUT ROWID tables fail the probe).
+        self._rowid_tables: set[str] = set()
+        for n, k in kinds.items():
+            if k == "table" and not ({"rowid", "_rowid_", "oid"} & {c.lower() for c in self.tables[n]}):
+                try:
+                    con.execute(f"SELECT rowid FROM {_q(n)} LIMIT 0")
+                except sqlite3.Error:
+                    continue
+                self._rowid_tables.add(n)
+
+    def close(self) -> None:
+        for c in self._arrow_pool:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - closing a read-only connection; nothing to save
+                pass
+        self._arrow_pool = []
 
     def has(self, table: str, column: str | None = None) -> bool:
         cols = self.tables.get(table)
@@ -256,8 +368,10 @@ class _Db:
         where: str = "",
         exprs: dict[str, str] | None = None,
         text: tuple[str, ...] = (),
-    ) -> dict[str, np.ndarray]:
-        """Bulk-read columns as arrays: int64, or object for the aliases in ``text``.
+    ) -> dict[str, Any]:
+        """Bulk-read columns: int64 arrays, or a :class:`_Factor` for the aliases in ``text``.
+
+        Rows come in rowid order (the table's storage order) whichever reader is used.
 
         Args:
             table: table to read.
@@ -265,7 +379,7 @@ class _Db:
                 is selected, NULLs COALESCEd to the default; default None = required column.
             where: optional SQL condition.
             exprs: alias -> raw SQL expression, selected as well.
-            text: aliases kept as object arrays of str/None.
+            text: aliases read as strings, returned factorized (codes + distinct values).
 
         Raises:
             TraceFormatError: a required column is missing, or a value is not an integer.
@@ -282,12 +396,28 @@ class _Db:
             else:
                 parts.append(f"COALESCE({_q(col)}, {_sql_lit(default)}) AS {_q(alias)}")
         aliases = [*(exprs or {}), *cols]
-        sql = f"SELECT {', '.join(parts)} FROM {_q(table)}" + (f" WHERE {where}" if where else "")
-        chunks: dict[str, list[np.ndarray]] = {a: [] for a in aliases}
+        select = f"SELECT {', '.join(parts)} FROM {_q(table)}"
+        if self.reader == "adbc":
+            got = self._read_arrow(table, select, where, aliases, text)
+            if got is not None:
+                return got
+            self.fallbacks.append(table)
+        return self._read_sqlite3(table, self._sql(table, select, where), aliases, text)
+
+    def _sql(self, table: str, select: str, where: str, rows: tuple[int, int] | None = None) -> str:
+        conds = [f"({where})"] if where else []
+        if rows is not None:
+            conds.append(f"rowid BETWEEN {rows[0]} AND {rows[1]}")
+        sql = select + (f" WHERE {' AND '.join(conds)}" if conds else "")
+        return sql + (" ORDER BY rowid" if table in self._rowid_tables else "")
+
+    def _read_sqlite3(self, table: str, sql: str, aliases: list[str], text: tuple[str, ...]) -> dict[str, Any]:
+        chunks: dict[str, list[Any]] = {a: [] for a in aliases}
         for df in pd.read_sql(sql, self.con, chunksize=CHUNK_ROWS):
             for a in aliases:
                 if a in text:
-                    chunks[a].append(_dedup_text(df[a]))
+                    codes, uniques = pd.factorize(df[a], use_na_sentinel=True)
+                    chunks[a].append((codes, np.asarray(uniques, dtype=object)))
                 else:
                     try:
                         chunks[a].append(df[a].to_numpy(dtype=np.int64))
@@ -296,15 +426,83 @@ class _Db:
                             f"{self.path}: non-integer value in {table}.{a}"
                         ) from None
         return {
-            a: np.concatenate(v) if v else np.array([], dtype=object if a in text else np.int64)
+            a: _Factor.concat(v) if a in text else np.concatenate(v) if v else np.array([], dtype=np.int64)
             for a, v in chunks.items()
         }
 
-    def strings(self, ids: np.ndarray) -> pd.Series:
-        """``StringIds`` values for ``ids`` (Series: id -> str); unknown ids are absent."""
-        uniq = np.unique(ids[ids >= 0]).tolist() if len(ids) else []
-        if not uniq or not (self.has("StringIds", "id") and self.has("StringIds", "value")):
-            return pd.Series([], dtype=object, index=pd.Index([], dtype=np.int64))
+    # ---- adbc reader
+
+    def _arrow_cons(self, n: int) -> list[Any]:
+        dbapi = _adbc_modules()[0]  # type: ignore[index]
+        while len(self._arrow_pool) < n:
+            self._arrow_pool.append(dbapi.connect(self.uri, autocommit=True))
+        return self._arrow_pool[:n]
+
+    def _row_ranges(self, table: str) -> list[tuple[int, int] | None]:
+        """Contiguous rowid ranges splitting a big table for parallel reads ([None]: one read)."""
+        threads = min(MAX_READ_THREADS, _cpus())
+        if threads < 2 or table not in self._rowid_tables:
+            return [None]
+        t = _q(table)  # two subqueries: SQLite's O(log n) min/max shortcut needs one aggregate each
+        lo, hi = self.con.execute(f"SELECT (SELECT min(rowid) FROM {t}), (SELECT max(rowid) FROM {t})").fetchone()
+        if not isinstance(lo, int) or not isinstance(hi, int):
+            return [None]
+        n = hi - lo + 1
+        k = min(threads, n // SPLIT_ROWS)
+        if k < 2:
+            return [None]
+        bounds = [lo + (n * i) // k for i in range(k + 1)]
+        return [(bounds[i], bounds[i + 1] - 1) for i in range(k)]
+
+    def _fetch(self, sqls: list[str], aliases: list[str], text: tuple[str, ...]) -> dict[str, Any] | None:
+        """Columns of ``sqls`` (row ranges of one result, read in parallel when several, joined
+        in order); None when the driver failed or a column is not what sqlite3 would give."""
+        try:
+            cons = self._arrow_cons(len(sqls))
+            if len(sqls) == 1:
+                parts = [_fetch_part(cons[0], sqls[0], aliases, text)]
+            else:
+                with ThreadPoolExecutor(len(sqls), thread_name_prefix="diagnose-nsys") as ex:
+                    parts = list(ex.map(lambda c, q: _fetch_part(c, q, aliases, text), cons, sqls))
+        except Exception:  # noqa: BLE001 - any driver error or type surprise: sqlite3 redoes the query
+            return None
+        out: dict[str, Any] = {}
+        for a in aliases:
+            chunks = [c for p in parts for c in p[a]]
+            if a in text:
+                out[a] = _Factor.concat(chunks)
+            elif len(chunks) == 1:
+                out[a] = chunks[0]
+            else:
+                out[a] = np.concatenate(chunks) if chunks else np.array([], dtype=np.int64)
+        return out
+
+    def _read_arrow(
+        self, table: str, select: str, where: str, aliases: list[str], text: tuple[str, ...]
+    ) -> dict[str, Any] | None:
+        """Columns from the adbc reader, or None when the sqlite3 reader must redo the query."""
+        try:
+            ranges = self._row_ranges(table)
+        except sqlite3.Error:
+            ranges = [None]
+        out = self._fetch([self._sql(table, select, where, r) for r in ranges], aliases, text)
+        if len(ranges) > 1:
+            _trim_memory()
+        return out
+
+    # ---- StringIds
+
+    def strings(self, ids: np.ndarray) -> _Strings:
+        """``StringIds`` values of the ids in ``ids`` (a lookup table; unknown ids are absent)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if not len(ids) or not (self.has("StringIds", "id") and self.has("StringIds", "value")):
+            return _Strings.empty()
+        if self.reader == "adbc":
+            if self._all_strings is None:
+                self._all_strings = self._arrow_strings() or False
+            if isinstance(self._all_strings, _Strings):
+                return self._all_strings.subset(ids)
+        uniq = np.unique(ids[ids >= 0]).tolist()
         got_ids: list[int] = []
         got_vals: list[str] = []
         for i in range(0, len(uniq), _IDS_PER_QUERY):
@@ -313,9 +511,17 @@ class _Db:
             for k, v in self.con.execute(f"SELECT id, value FROM StringIds WHERE id IN ({marks})", part):
                 got_ids.append(k)
                 got_vals.append("" if v is None else str(v))
-        return pd.Series(
-            np.asarray(got_vals, dtype=object), index=pd.Index(np.asarray(got_ids, dtype=np.int64))
-        )
+        return _Strings(np.asarray(got_ids, dtype=np.int64), np.asarray(got_vals, dtype=object))
+
+    def _arrow_strings(self) -> _Strings | None:
+        """All of ``StringIds`` in one Arrow read (None: not as expected, use the sqlite3 lookup)."""
+        sql = "SELECT id, value FROM StringIds WHERE typeof(id) = 'integer' AND id >= 0"
+        got = self._fetch([sql], ["id", "value"], ("value",))
+        if got is None:
+            return None
+        vals = got["value"].values()
+        vals[np.equal(vals, None)] = ""
+        return _Strings(got["id"], vals)
 
     def distinct_pids(self, table: str) -> np.ndarray | None:
         """Distinct pids of ``table``'s ``globalPid`` (None when the column is absent)."""
@@ -326,18 +532,179 @@ class _Db:
         return np.unique((g >> 24) & _MASK24)
 
 
-def _dedup_text(s: pd.Series) -> np.ndarray:
-    """Object array of the column's strings (None for NULL), repeated values sharing one object."""
-    codes, uniques = pd.factorize(s, use_na_sentinel=True)
-    vals = np.asarray(uniques, dtype=object)
-    out = np.empty(len(codes), dtype=object)
-    ok = codes >= 0
-    out[ok] = vals[codes[ok]]
+def _trim_memory() -> None:
+    """Hand memory freed by a big parallel read back to the OS.
+
+    The driver's Arrow buffers are malloc'd in the reader threads, so glibc keeps them in
+    per-thread arenas the main thread never reuses (~0.6 GB after a 1 GB export):
+    ``malloc_trim`` returns them. A no-op where glibc is not the allocator.
+    """
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = False
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                libc = ctypes.CDLL("libc.so.6")
+                libc.malloc_trim.argtypes = [ctypes.c_size_t]
+                _LIBC = libc
+            except (OSError, AttributeError):
+                pass
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC: Any = None
+
+
+class _Mismatch(Exception):
+    """An Arrow column is not what the sqlite3 reader would return without conversion."""
+
+
+def _fetch_part(con: Any, sql: str, aliases: list[str], text: tuple[str, ...]) -> dict[str, list[Any]]:
+    """One query on an adbc connection, as per-alias chunk lists: int64 numpy arrays (zero-copy
+    views of the Arrow buffers), or (codes, distinct values) for the ``text`` aliases.
+
+    Raises:
+        _Mismatch: a column is not int64 without NULLs (strings for ``text``): the driver
+            infers types from the data, so such a result is left to the sqlite3 reader.
+    """
+    _, pa = _adbc_modules()  # type: ignore[misc]
+    cur = con.cursor()
+    try:
+        cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(ARROW_BATCH_ROWS)})
+        cur.execute(sql)
+        tbl = cur.fetch_arrow_table()
+    finally:
+        cur.close()
+    out: dict[str, list[Any]] = {}
+    for i, a in enumerate(aliases):
+        chunks = [c for c in tbl.column(i).chunks if len(c)]
+        if a in text:
+            if any(not (pa.types.is_string(c.type) or pa.types.is_large_string(c.type)) for c in chunks):
+                raise _Mismatch(a)
+            out[a] = [_arrow_factor(c) for c in chunks]
+        else:
+            if any(c.type != pa.int64() or c.null_count for c in chunks):
+                raise _Mismatch(a)
+            out[a] = [c.to_numpy() for c in chunks]
+    return out
+
+
+def _arrow_factor(chunk: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, distinct values) of one Arrow string array, hashed in Arrow (-1 codes for NULL)."""
+    enc = chunk.dictionary_encode()
+    idx = enc.indices
+    codes = idx.fill_null(-1).to_numpy() if idx.null_count else idx.to_numpy()
+    return codes, np.array(enc.dictionary.to_pylist(), dtype=object)
+
+
+class _Factor:
+    """A string column as int64 ``codes`` into distinct ``uniques`` (-1: NULL); the object
+    array (:meth:`values`) is built once, every repeated value sharing one str object."""
+
+    def __init__(self, codes: np.ndarray, uniques: np.ndarray) -> None:
+        self.codes = codes
+        self.uniques = uniques
+
+    @classmethod
+    def concat(cls, parts: list[tuple[np.ndarray, np.ndarray]]) -> _Factor:
+        """Join per-chunk (codes, uniques) factorizations into one with shared uniques."""
+        if not parts:
+            return cls(np.array([], dtype=np.int64), np.array([], dtype=object))
+        if len(parts) == 1:
+            codes, uniques = parts[0]
+            return cls(np.asarray(codes, dtype=np.int64), uniques)
+        canon: dict[Any, int] = {}
+        out = []
+        for codes, uniques in parts:
+            remap = np.array([canon.setdefault(u, len(canon)) for u in uniques.tolist()] + [-1], dtype=np.int64)
+            out.append(remap[codes])  # code -1 picks the trailing -1
+        return cls(np.concatenate(out), np.array(list(canon), dtype=object))
+
+    def values(self) -> np.ndarray:
+        """Object array of str (None for NULL)."""
+        table = np.append(self.uniques, None)  # code -1 -> None
+        return table[self.codes]
+
+
+class _Strings:
+    """``StringIds`` id -> string, looked up vectorized: ids sorted, with a dense id -> position
+    table when the ids are compact (else a binary search)."""
+
+    def __init__(self, ids: np.ndarray, values: np.ndarray) -> None:
+        ok = ids >= 0
+        ids = np.asarray(ids[ok], dtype=np.int64)
+        order = np.argsort(ids, kind="stable")
+        self.ids = ids[order]
+        self.values = np.asarray(values[ok], dtype=object)[order]
+        self._lut: np.ndarray | None = None
+        top = int(self.ids[-1]) + 1 if len(self.ids) else 0
+        if len(self.ids) and top <= 4 * len(self.ids) + 1_000_000:
+            self._lut = np.full(top, -1, dtype=np.int64)
+            self._lut[self.ids] = np.arange(len(self.ids), dtype=np.int64)
+
+    @classmethod
+    def empty(cls) -> _Strings:
+        return cls(np.array([], dtype=np.int64), np.array([], dtype=object))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def index(self, ids: np.ndarray) -> np.ndarray:
+        """Position in :attr:`values` of each of ``ids`` (-1 where unknown)."""
+        if not len(self.ids):
+            return np.full(len(ids), -1, dtype=np.int64)
+        if self._lut is not None:
+            ok = (ids >= 0) & (ids < len(self._lut))
+            return np.where(ok, self._lut[np.where(ok, ids, 0)], -1)
+        slot = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+        return np.where(self.ids[slot] == ids, slot, -1)
+
+    def take(self, ids: np.ndarray) -> np.ndarray:
+        """Strings of ``ids``: object array with None where an id is unknown."""
+        return np.append(self.values, None)[self.index(ids)]
+
+    def subset(self, ids: np.ndarray) -> _Strings:
+        """The entries whose id occurs in ``ids``."""
+        pos = self.index(ids)
+        mark = np.zeros(len(self.ids), dtype=bool)
+        mark[pos[pos >= 0]] = True
+        return _Strings(self.ids[mark], self.values[mark])
+
+    def map(self, fn: Callable[[str], Any]) -> _Strings:
+        """Same ids, ``fn`` applied once to each value."""
+        return _Strings(self.ids, np.array([fn(v) for v in self.values.tolist()], dtype=object))
+
+
+def _frame_fast(columns: dict[str, str], data: dict[str, np.ndarray]) -> pd.DataFrame:
+    """What :func:`diagnose.trace.model.frame` builds, for big frames of object and int64 columns
+    only: the int64 columns are copied once into one 2-D block and the object columns inserted
+    as they are, so pandas does not stack (and incref) the object arrays into a block."""
+    ints = [c for c, t in columns.items() if t == "int64"]
+    if set(columns.values()) - {"int64", "object"} or not ints:
+        return frame(columns, data)
+    n = len(data[ints[0]])
+    block = np.empty((len(ints), n), dtype=np.int64)
+    for i, c in enumerate(ints):
+        block[i] = data[c]
+    df = pd.DataFrame(block.T, columns=ints, copy=False)
+    for pos, (c, t) in enumerate(columns.items()):
+        if t == "object":
+            df.insert(pos, c, pd.Series(data[c], dtype=object, copy=False))
+    return df
+
+
+def _const(n: int, value: Any) -> np.ndarray:
+    """Object array of ``n`` times ``value`` (``np.full`` with a str is ~20x slower)."""
+    out = np.empty(n, dtype=object)
+    out[:] = value
     return out
 
 
 def _lookup(ids: np.ndarray, strings: pd.Series) -> np.ndarray:
-    """Map int ids to strings, vectorized: object array with None where unresolved."""
+    """Map int keys to values through a Series, vectorized: object array with None where absent."""
     out = np.full(len(ids), None, dtype=object)
     if len(strings) == 0 or len(ids) == 0:
         return out
@@ -371,8 +738,7 @@ class _Notes:
         self.negative = 0
 
 
-def _load(con: sqlite3.Connection, path: str) -> Trace:
-    db = _Db(con, path)
+def _load(db: _Db, path: str) -> Trace:
     nvtx_tables = sorted(t for t in db.tables if t.startswith(NVTX_PREFIX))
     if not any(t in db.tables for t in KNOWN_TABLES) and not nvtx_tables:
         raise TraceFormatError(
@@ -460,6 +826,9 @@ def _load(con: sqlite3.Connection, path: str) -> Trace:
             f"{notes.negative} row(s) with end < start were excluded",
             notes.negative,
         )
+    meta["reader"] = db.reader
+    if db.fallbacks:  # the adbc reader handed these tables to sqlite3 (same result, slower)
+        meta["reader_fallbacks"] = sorted(set(db.fallbacks))
     loss = meta.get("diagnostic_data_loss")
     if loss:
         trace.partial = True
@@ -503,7 +872,7 @@ def _gpu_frame(d: dict[str, np.ndarray], kind: str, names: np.ndarray, composite
     n = len(d["start"])
     return _df(
         {
-            "kind": np.full(n, kind, dtype=object),
+            "kind": _const(n, kind),
             "name": names,
             "device": d["device"],
             "stream": d["stream"],
@@ -530,7 +899,7 @@ def _kernels(db: _Db, notes: _Notes, composite: bool) -> pd.DataFrame | None:
         whens = " ".join(f"WHEN {_q(c)} IN {good} THEN {_q(c)}" for c in cands[:-1])
         name_expr = f"CASE {whens} ELSE COALESCE({_q(cands[-1])}, -1) END"
     d = db.read(KERNEL_TABLE, _gpu_cols(db, KERNEL_TABLE, composite), _ACTIVITY_WHERE, {"nameId": name_expr})
-    names = _lookup(d["nameId"], db.strings(d["nameId"]))
+    names = db.strings(d["nameId"]).take(d["nameId"])
     missing = np.equal(names, None)
     notes.unresolved += int(missing.sum())
     names[missing] = ""
@@ -611,19 +980,13 @@ def _runtime(db: _Db, notes: _Notes) -> dict[str, np.ndarray]:
             },
             _ACTIVITY_WHERE,
         )
-        strings = db.strings(d["nameId"])
         # Clean and classify each distinct name once, then map by position.
-        clean = pd.Series(
-            np.array([_VERSION_SUFFIX.sub("", v) for v in strings.to_numpy()], dtype=object),
-            index=strings.index,
-            dtype=object,
-        )
-        kinds = pd.Series(np.array([api_kind(v) for v in clean.to_numpy()], dtype=object), index=strings.index, dtype=object)
-        names = _lookup(d["nameId"], clean)
+        clean = db.strings(d["nameId"]).map(lambda v: _VERSION_SUFFIX.sub("", v))
+        names = clean.take(d["nameId"])
         missing = np.equal(names, None)
         notes.unresolved += int(missing.sum())
         names[missing] = ""
-        kind = _lookup(d["nameId"], kinds)
+        kind = clean.map(api_kind).take(d["nameId"])
         kind[missing] = "other"
         gtid = d["gtid"]
         parts.append(
@@ -672,8 +1035,11 @@ def _syncs(db: _Db, runtime: dict[str, np.ndarray], composite: bool) -> pd.DataF
     corr = _correlation(d, composite)
     names = _combo_names(d["syncType"], lambda k: _SYNC_NAME.get(k, "Unknown Sync"))
     if len(corr) and len(runtime["name"]):
-        rt = _df({"correlation": runtime["correlation"], "name": runtime["name"]})
-        rt = rt[rt["correlation"] >= 0].drop_duplicates("correlation")
+        # Only the API rows sharing a sync record's correlation (in row order: first one wins).
+        rc = runtime["correlation"]
+        sel = np.nonzero((rc >= 0) & np.isin(rc, corr[corr >= 0]))[0]
+        rt = _df({"correlation": rc[sel], "name": runtime["name"][sel]})
+        rt = rt.drop_duplicates("correlation")
         by_corr = pd.Series(rt["name"].to_numpy(dtype=object), index=pd.Index(rt["correlation"].to_numpy()))
         api = _lookup(corr, by_corr)
         labels = {a: _sync_name_for_api(a) for a in set(api.tolist()) if a is not None}
@@ -714,11 +1080,17 @@ def _annotations(db: _Db, tables: list[str], trace: Trace, notes: _Notes) -> Non
         "start": (("start",), None),
         "end": (("end",), _NULL_END),  # NULL end: unterminated range (or a mark, w/o eventType)
         "text": (("text",), ""),
-        "textId": (("textId",), -1),
         "gtid": (("globalTid",), 0),
     }
-    d = db.read(table, cols, where + (" AND " if where else "") + '"start" IS NOT NULL', text=("text",))
-    start, end = d["start"], d["end"]
+    cond = where + (" AND " if where else "") + '"start" IS NOT NULL'
+    d = db.read(table, cols, cond, text=("text",))
+    start, end, gtid = d["start"], d["end"], d["gtid"]
+    text: _Factor = d["text"]
+    # Names stay codes into a small table of distinct strings until the end: rows whose text is
+    # NULL or "" take their textId's StringIds value ("" and counted when unresolved).
+    names = np.append(text.uniques, None)  # code -1 (NULL text) -> last
+    blank = np.array([u is None or u == "" for u in text.uniques.tolist()] + [True], dtype=bool)
+    need = blank[text.codes]
     open_ = end == _NULL_END
     unterminated = int(open_.sum())
     if unterminated:
@@ -731,29 +1103,56 @@ def _annotations(db: _Db, tables: list[str], trace: Trace, notes: _Notes) -> Non
     notes.negative += int((~open_ & (end < start)).sum())
     if not keep.any():
         return
-    names = d["text"][keep]
-    need = np.equal(names, None) | np.equal(names, "")
+    codes = text.codes
     if need.any():
-        ids = d["textId"][keep][need]
-        names[need] = _lookup(ids, db.strings(ids))
-        missing = np.equal(names, None)
+        ids = _nvtx_text_ids(db, table, cond, need)
+        if not keep.all():
+            ids = ids[keep[need]]
+    if not keep.all():
+        idx = np.nonzero(keep)[0]
+        start, end, gtid, codes, need = start[idx], end[idx], gtid[idx], codes[idx], need[idx]
+    if need.any():
+        strings = db.strings(ids)
+        pos = strings.index(ids)
+        missing = pos < 0
         notes.unresolved += int(missing.sum())
-        names[missing] = ""
-    gtid = d["gtid"][keep]
-    n = len(names)
-    ann = _df(
+        base = len(names)
+        names = np.concatenate([names, strings.values, np.array([""], dtype=object)])
+        codes = codes.copy()
+        codes[need] = np.where(missing, base + len(strings.values), base + pos)
+    if len(start) > 1 and not (start[1:] >= start[:-1]).all():
+        order = np.argsort(start, kind="stable")
+        start, end, gtid, codes = start[order], end[order], gtid[order], codes[order]
+    n = len(start)
+    trace.annotations = _frame_fast(
+        ANNOTATION_COLUMNS,
         {
-            "name": names,
-            "scope": np.full(n, "cpu", dtype=object),
+            "name": names[codes],
+            "scope": _const(n, "cpu"),
             "device": np.full(n, -1, dtype=np.int64),
-            "start_ns": start[keep],
-            "end_ns": end[keep],
+            "start_ns": start,
+            "end_ns": end,
             "pid": (gtid >> 24) & _MASK24,
             "tid": gtid & _MASK24,
-        }
+        },
     )
-    ann = ann.sort_values("start_ns", kind="stable").reset_index(drop=True)
-    trace.annotations = frame(ANNOTATION_COLUMNS, {c: ann[c] for c in ANNOTATION_COLUMNS})
+
+
+def _nvtx_text_ids(db: _Db, table: str, cond: str, need: np.ndarray) -> np.ndarray:
+    """``textId`` of the NVTX rows flagged in ``need`` (those without text), in row order.
+
+    Read only for the rows whose text is NULL or "" (one more pass over the table, one column),
+    rather than as a fifth column of every row: most ranges carry their text.
+    """
+    count = int(need.sum())
+    if not db.has(table, "textId"):
+        return np.full(count, -1, dtype=np.int64)
+    col: _Cols = {"textId": (("textId",), -1)}
+    blank = f"({_q('text')} IS NULL OR {_q('text')} = '')" if db.has(table, "text") else ""
+    ids = db.read(table, col, cond + (f" AND {blank}" if blank else ""))["textId"]
+    if len(ids) != count:  # SQL and Python disagree on what is blank: take every row's textId
+        ids = db.read(table, col, cond)["textId"][need]
+    return ids
 
 
 def _devices(db: _Db) -> list[DeviceInfo]:

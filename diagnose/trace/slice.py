@@ -21,6 +21,8 @@ def parse_window(spec: str | None) -> tuple[float, float] | None:
         end = float(b) if b.strip() else float("inf")
     except ValueError:
         raise DiagnoseError(f"--window expects numbers (ms), got {spec!r}") from None
+    if start != start or end != end or start == float("inf"):  # NaN or an infinite start
+        raise DiagnoseError(f"--window expects finite numbers (ms), got {spec!r}")
     if end <= start or start < 0:
         raise DiagnoseError(f"--window {spec!r}: need 0 <= START < END")
     return start, end
