@@ -230,9 +230,17 @@ def kv_budget_command(
         "fragmentation_factor": budget.fragmentation_factor,
         "fits": budget.fits,
     }
+    notes = []
+    if memory_gb is not None and spec is None and weights_gb is None and kv_memory_gib is None:
+        notes.append("no weights subtracted from --memory-gb: give --model-config or --weights-gb")
+    if kv_memory_gib is not None and memory_gb is not None:
+        notes.append("--kv-memory-gib given: --memory-gb/--overhead-gb/weights are not used for the KV memory")
+    result["notes"] = notes
     if fmt.lower() == "json":
         click.echo(json.dumps(result, indent=2))
         return
+    for n in notes:
+        click.echo(f"note: {n}", err=True)
 
     console = _console()
     table = Table(title="KV-cache budget", show_header=True)

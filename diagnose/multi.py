@@ -509,7 +509,8 @@ def render_fleet(result: dict[str, Any], console: Any) -> None:
     if strag:
         for s in strag:
             exc = s.get("excess_share")
-            console.print(f"[bold red]straggler[/]: rank {s.get('rank')} ({escape(os.path.basename(s.get('path') or ''))}) "
+            who = f"rank {s['rank']}" if s.get("rank") is not None else "trace"
+            console.print(f"[bold red]straggler[/]: {who} ({escape(os.path.basename(s.get('path') or ''))}) "
                           f"{s['metric']} = {s['value']:.3f}, median {s['median']:.3f}"
                           + (f" (+{100 * exc:.0f}%)" if exc is not None else ""), highlight=False)
     elif rule.get("note"):
