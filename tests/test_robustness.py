@@ -354,3 +354,12 @@ def test_window_and_device_slices(kineto, tmp_path):
     for args in (["--window", "5"], ["--window", "5:2"], ["--window", "a:b"], ["--device", "7"]):
         r = _run(["run", "--trace", p, *args])
         assert r.exit_code == 2 and r.output.startswith("error: "), (args, r.output)
+
+
+def test_training_trace_is_not_given_inference_phases():
+    from conftest import shared_trace
+
+    a = run_analysis(str(shared_trace("hta/trace_diff/control.json.gz")))
+    assert len(a.steps) == 0  # [B, S, H] linears, but autograd backward ran: training, not prefill
+    assert "training_trace" in _codes(a)
+    assert a.latency.ttft_ms is None

@@ -18,6 +18,7 @@ from diagnose.analyzers.attainment import AttainmentInputs, phase_attainment, st
 from diagnose.analyzers.categories import CATEGORIES, categorize
 from diagnose.analyzers.latency import LatencyFindings, latency_findings, step_table
 from diagnose.analyzers.phases import (
+    _backward_starts,
     assign_steps,
     find_steps,
     link_launches,
@@ -217,6 +218,8 @@ def analyze(trace: Trace, options: Options | None = None) -> Analysis:
         steps = steps_from_shapes(trace)
         if len(steps):
             note("phases_from_shapes", "no step markers: phases inferred from aten::linear shapes ([B,1,H] decode, [B,S>1,H] prefill)")
+        elif len(_backward_starts(trace)):
+            note("training_trace", "autograd backward ops in the trace: a training step, not inference; phase 'unknown'")
         else:
             note("missing_markers", "no step markers and no usable shapes: phase is 'unknown' (use --phase PHASE=REGEX)")
 

@@ -250,11 +250,22 @@ def shape_votes(trace: Trace, start_ns: int, end_ns: int) -> tuple[set[str], int
     return votes, batch, seq, context
 
 
+def _backward_starts(trace: Trace) -> np.ndarray:
+    """Start times of autograd backward ops: their presence marks a training step."""
+    ops = trace.cpu_ops
+    if len(ops) == 0:
+        return np.zeros(0, dtype=np.int64)
+    codes, uniques = pd.factorize(ops["name"], sort=False)
+    is_bw = np.array([str(u).startswith("autograd::engine::evaluate_function") for u in uniques], dtype=bool)
+    return ops["start_ns"].to_numpy()[is_bw[codes]] if len(uniques) else np.zeros(0, dtype=np.int64)
+
+
 def steps_from_shapes(trace: Trace) -> pd.DataFrame:
     """Fallback step table from operator shapes, one step per ProfilerStep (or the whole trace).
 
     A window gets a phase when the evidence of :func:`shape_votes` is unanimous; windows with
-    no or conflicting evidence are left out (their activities stay ``unknown``).
+    no or conflicting evidence, or in which autograd backward ops ran (training, not
+    inference), are left out (their activities stay ``unknown``).
     """
     ann = trace.annotations
     windows = []
@@ -271,8 +282,11 @@ def steps_from_shapes(trace: Trace) -> pd.DataFrame:
         lo = min(int(f["start_ns"].min()) for f in frames)
         hi = max(int(f["end_ns"].max()) for f in frames)
         windows = [("trace", lo, hi)]
+    backward = _backward_starts(trace)
     rows = []
     for name, s, e in windows:
+        if len(backward) and np.any((backward >= s) & (backward <= e)):
+            continue  # a training step (autograd backward ran): not prefill or decode
         votes, b, sl, ctx = shape_votes(trace, s, e)
         if len(votes) != 1:
             continue

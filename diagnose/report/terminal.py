@@ -38,7 +38,9 @@ def render(analysis: Analysis, console: Console | None = None) -> None:
     c.print(Text(title, style="bold"))
     if d.get("partial"):
         c.print(Text("PARTIAL TRACE: every number below comes from an incomplete file", style="bold red"))
-    devs = ", ".join(f"{x['id']}: {x['name'] or '(unnamed)'}" for x in d["devices"]) or "none (CPU only)"
+    listed = [p.get("name") for p in (analysis.metadata.get("deviceProperties") or []) if isinstance(p, dict)]
+    no_gpu = "none with activity in the analysed events" + (f" (the trace lists {len(listed)} GPU(s))" if listed else " (CPU only)")
+    devs = ", ".join(f"{x['id']}: {x['name'] or '(unnamed)'}" for x in d["devices"]) or no_gpu
     c.print(f"GPU devices: {devs}")
 
     symptoms = d.get("symptoms") or []
@@ -75,7 +77,9 @@ def render(analysis: Analysis, console: Console | None = None) -> None:
     lt = Table(title="Latency (definitions: README §Definitions)", header_style="bold")
     for col in ("metric", "samples", "p50 ms", "p90 ms", "p99 ms"):
         lt.add_column(col, justify="right" if col != "metric" else "left")
-    lt.add_row("TTFT proxy (first prefill step)", str(lat["ttft_samples"]), _ms(lat["ttft_ms"]), "", "")
+    n_pre = lat["ttft_samples"]
+    lt.add_row(f"TTFT proxy (first of {n_pre} prefill steps)" if n_pre > 1 else "TTFT proxy (first prefill step)",
+               "1" if n_pre else "0", _ms(lat["ttft_ms"]), "", "")
     tp = lat["tpot_ms"]
     lt.add_row("TPOT", str(lat["tpot_samples"]), _ms(tp["p50"]), _ms(tp["p90"]), _ms(tp["p99"]))
     for key, label in (("prefill_step_ms", "prefill step wall"), ("decode_step_ms", "decode step wall")):
