@@ -683,18 +683,12 @@ def key_numbers(report: Mapping) -> list[dict]:
 
 # -- KV budget (domain.md §2-3) ----------------------------------------------------------
 
-#: domain.md §2 "Reference config 7B-like" (Hugging Face config names).
-REFERENCE_7B = {
-    "num_hidden_layers": 32,
-    "hidden_size": 4096,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "intermediate_size": 11008,
-    "vocab_size": 128000,
-    "tie_word_embeddings": False,
-    "_name_or_path": "reference 7B-like (domain.md §2)",
-}
+from diagnose.collectors.presets import get_preset  # noqa: E402  (pure data, no torch)
+
+#: domain.md §2 "Reference config 7B-like" (Hugging Face config names): the collector's preset.
+REFERENCE_7B = {**{k: v for k, v in get_preset("ref7b").items() if k in (
+    "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size", "vocab_size", "tie_word_embeddings")}, "_name_or_path": "reference 7B-like (domain.md §2)"}
 DEFAULT_CONTEXTS = (2048, 8192, 32768, 131072)
 
 

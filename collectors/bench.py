@@ -121,16 +121,9 @@ def validate_bench_args(
     Raises:
         DiagnoseError: any argument out of range or inconsistent (one-line message).
     """
-    from diagnose.collectors.torch_collector import DEVICES, DTYPE_NAMES
+    from diagnose.collectors.torch_collector import validate_model_args
 
-    if (config is None) == (model_path is None):
-        raise DiagnoseError("give exactly one of --config or --model")
-    if config is not None and not isinstance(config, dict):
-        raise DiagnoseError("config must be a dict of Hugging Face config fields")
-    if device not in DEVICES:
-        raise DiagnoseError(f"unknown device {device!r}; choose one of: {', '.join(DEVICES)}")
-    if dtype not in DTYPE_NAMES:
-        raise DiagnoseError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPE_NAMES)}")
+    validate_model_args(config, model_path, device, dtype)
     _check_int_list(prompt_lens, "--prompt-lens")
     _check_int_list(batches, "--batches")
     _check_int_list(contexts, "--contexts")

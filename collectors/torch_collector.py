@@ -93,6 +93,22 @@ def decode_marker(batch: int, ctx: int) -> str:
     return DECODE_MARKER.format(bs=batch, ctx=ctx)
 
 
+def validate_model_args(config: dict | None, model_path: str | None, device: str, dtype: str) -> None:
+    """Checks shared by every collector: one model source, a known device and dtype.
+
+    Raises:
+        DiagnoseError: one-line message.
+    """
+    if (config is None) == (model_path is None):
+        raise DiagnoseError("give exactly one of --config or --model")
+    if config is not None and not isinstance(config, dict):
+        raise DiagnoseError("config must be a dict of Hugging Face config fields")
+    if device not in DEVICES:
+        raise DiagnoseError(f"unknown device {device!r}; choose one of: {', '.join(DEVICES)}")
+    if dtype not in DTYPE_NAMES:
+        raise DiagnoseError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPE_NAMES)}")
+
+
 def validate_args(
     config: dict | None,
     model_path: str | None,
@@ -122,14 +138,7 @@ def validate_args(
     Raises:
         DiagnoseError: Any argument is out of range or inconsistent (one-line message).
     """
-    if (config is None) == (model_path is None):
-        raise DiagnoseError("give exactly one of --config or --model")
-    if config is not None and not isinstance(config, dict):
-        raise DiagnoseError("config must be a dict of Hugging Face config fields")
-    if device not in DEVICES:
-        raise DiagnoseError(f"unknown device {device!r}; choose one of: {', '.join(DEVICES)}")
-    if dtype not in DTYPE_NAMES:
-        raise DiagnoseError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPE_NAMES)}")
+    validate_model_args(config, model_path, device, dtype)
     for name, value, low in (
         ("batch", batch, 1),
         ("prompt-len", prompt_len, 1),
