@@ -1,13 +1,12 @@
 """The app and the HTML report in headless Chromium (Debian's ``chromium`` + ``chromium-driver``).
 
 Skipped when /usr/bin/chromium, /usr/bin/chromedriver or selenium are absent. The app runs
-in a thread on 127.0.0.1 (free port). Symptoms are injected into the vLLM analysis so the
+in a thread on 127.0.0.1 (free port). Symptoms come from the real rule engine (S7 fires on the vLLM trace), so the
 overview shows a card whatever the state of the rule engine; the CPU-only sample, which
 has none, checks the "no symptom" banner.
 """
 from __future__ import annotations
 
-import copy
 import logging
 import shutil
 import threading
@@ -34,17 +33,13 @@ from werkzeug.serving import make_server  # noqa: E402
 from diagnose.app.html import write_html  # noqa: E402
 from diagnose.app.server import create_app  # noqa: E402
 from diagnose.app.timeline import timeline_figure  # noqa: E402
+from diagnose.cli import attach_verdicts
 from diagnose.pipeline import run_analysis  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM = ROOT.parent / "shared" / "traces" / "tracelens" / "vllm_decode_full" / "graph_execution.json.gz"
 TINY = ROOT / "samples" / "tiny_cpu.json.gz"
 
-SYMPTOM = {
-    "id": "S3-launch-gaps", "symptom": "S3", "severity": "high", "summary": "GPU idle in launch gaps",
-    "evidence": {"measured": 0.4, "threshold": 0.15, "unit": "share", "phase": "decode"},
-    "likely_cause": "kernel launch overhead", "how_to_verify": "timeline gaps", "fix": "CUDA graph capture",
-}
 WAIT_S = 30
 
 
@@ -53,8 +48,7 @@ def analyses():
     if not VLLM.exists():
         pytest.skip(f"shared trace corpus not available: {VLLM}")
     vllm = run_analysis(str(VLLM))
-    # TODO(lead): once the rule engine fills report["symptoms"], also assert on a real card.
-    vllm.extra["symptoms"] = [copy.deepcopy(SYMPTOM)]
+    attach_verdicts(vllm)  # the real rule engine: S7 (info) fires on this trace
     return vllm, run_analysis(str(TINY))
 
 
@@ -105,10 +99,10 @@ def _wait_text(driver, css: str, text: str):
 def test_overview_timeline_roofline(driver, base_url, analyses):
     driver.get(base_url + "/")
     banner = _wait_css(driver, "#overview-banner")
-    _wait_text(driver, "#overview-banner", "HIGH: 1 symptom fired")
-    assert "GPU idle in launch gaps" in banner.text
-    card = _wait_css(driver, "#symptom-card-S3-launch-gaps")
-    assert "40.0 % vs threshold 15.0 %" in card.text and "CUDA graph capture" in card.text
+    _wait_text(driver, "#overview-banner", "INFO: 1 symptom fired")
+    assert "Timed CPU regions end before the GPU work they launched" in banner.text
+    card = _wait_css(driver, "#symptom-card-S7-cpu-region-shorter-than-gpu")
+    assert "synchronize" in card.text and "How to verify" in card.text
     errors = _severe(driver)
 
     driver.find_element(By.ID, "nav-timeline").click()
@@ -140,7 +134,7 @@ def test_overview_timeline_roofline(driver, base_url, analyses):
 
 def test_trace_select_shows_no_symptom_banner(driver, base_url):
     driver.get(base_url + "/")
-    _wait_text(driver, "#overview-banner", "HIGH")
+    _wait_text(driver, "#overview-banner", "INFO")
     driver.find_element(By.CSS_SELECTOR, "#trace-select").click()
     opt = WebDriverWait(driver, WAIT_S).until(
         EC.element_to_be_clickable((By.XPATH, "//*[@role='option'][contains(., 'tiny_cpu.json.gz')]")))
@@ -166,8 +160,8 @@ def test_html_report_opens_offline(driver, analyses, tmp_path):
     out = write_html(vllm, tmp_path / "report.html")
     driver.get(out.resolve().as_uri())
     banner = _wait_css(driver, "#overview-banner")
-    assert "HIGH: 1 symptom fired" in banner.text
+    assert "INFO: 1 symptom fired" in banner.text
     _wait_css(driver, _plot("timeline-graph"))
     _wait_css(driver, _plot("roofline-graph"))
-    assert driver.find_element(By.ID, "symptom-card-S3-launch-gaps")
+    assert driver.find_element(By.ID, "symptom-card-S7-cpu-region-shorter-than-gpu")
     assert _severe(driver) == []
