@@ -352,20 +352,22 @@ def _recover_truncated(buf: bytes, max_tries: int = 64) -> tuple[dict[str, msgsp
 
 
 def _decode_events(path: str, raw: msgspec.Raw | bytes, repairs: list | None = None) -> list[_Event]:
+    """Typed decode of ``traceEvents``; odd field types fall back to a loose decode; invalid
+    UTF-8 (which skipping a value during the top-level split does not detect) is repaired."""
     try:
-        return msgspec.json.decode(raw, type=list[_Event])
+        try:
+            return msgspec.json.decode(raw, type=list[_Event])
+        except msgspec.ValidationError:
+            try:
+                loose = msgspec.json.decode(raw, type=list[_LooseEvent])
+            except msgspec.ValidationError as e:
+                raise TraceFormatError(f"{path}: traceEvents is not a list of events ({e})") from None
+            return [_coerce_event(ev) for ev in loose]
     except UnicodeDecodeError:
-        # Skipping a value (top-level split) does not validate UTF-8; decoding it does.
         fixed = _CONTROL.sub(_REPLACEMENT, bytes(raw).decode("utf-8", errors="replace").encode("utf-8"))
         if repairs is not None and not any(r[0] == "text" for r in repairs):
             repairs.append(("text", "invalid UTF-8 bytes or raw control characters replaced by U+FFFD", None))
         return _decode_events(path, fixed, None)
-    except msgspec.ValidationError:
-        try:
-            loose = msgspec.json.decode(raw, type=list[_LooseEvent])
-        except msgspec.ValidationError as e:
-            raise TraceFormatError(f"{path}: traceEvents is not a list of events ({e})") from None
-        return [_coerce_event(ev) for ev in loose]
     except msgspec.DecodeError as e:
         raise TraceFormatError(f"{path}: invalid JSON in traceEvents ({e})") from None
 
