@@ -35,6 +35,8 @@ def load_trace(path: str, lenient: bool = False, progress=None) -> Trace:
         from diagnose.trace.nsys import load_nsys_sqlite
 
         trace = load_nsys_sqlite(path)
+    elif path.endswith((".sqlite", ".sqlite3", ".db")):
+        raise TraceFormatError(f"{path}: not an SQLite database (expected an nsys SQLite export)")
     elif path.endswith(".nsys-rep") or path.endswith(".qdrep"):
         from diagnose.trace.nsys import load_nsys_rep
 
