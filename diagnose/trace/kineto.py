@@ -252,6 +252,11 @@ _CONTROL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 _REPLACEMENT = "\ufffd".encode()
 
 
+def _is_text_error(e: BaseException) -> bool:
+    """Invalid UTF-8: msgspec < 0.23 raises UnicodeDecodeError, 0.23+ a DecodeError saying so."""
+    return isinstance(e, UnicodeDecodeError) or "utf-8" in str(e).lower()
+
+
 def _where(buf: bytes, pos: int) -> str:
     line = buf.count(b"\n", 0, pos) + 1
     col = pos - (buf.rfind(b"\n", 0, pos) + 1) + 1
@@ -287,7 +292,7 @@ def _split_top(path: str, buf: bytes, lenient: bool = False) -> tuple[dict[str, 
             except (msgspec.DecodeError, UnicodeDecodeError) as e:
                 err = e
         msg = str(err)
-        if isinstance(err, UnicodeDecodeError) or "invalid character" in msg:
+        if _is_text_error(err) or "invalid character" in msg:
             if any(r[0] == "text" for r in repairs):
                 break
             fixed = _CONTROL.sub(_REPLACEMENT, buf.decode("utf-8", errors="replace").encode("utf-8"))
@@ -351,7 +356,7 @@ def _recover_truncated(buf: bytes, max_tries: int = 64) -> tuple[dict[str, msgsp
     return top, lb + 1
 
 
-def _decode_events(path: str, raw: msgspec.Raw | bytes, repairs: list | None = None) -> list[_Event]:
+def _decode_events(path: str, raw: msgspec.Raw | bytes, repairs: list | None = None, _repaired: bool = False) -> list[_Event]:
     """Typed decode of ``traceEvents``; odd field types fall back to a loose decode; invalid
     UTF-8 (which skipping a value during the top-level split does not detect) is repaired."""
     try:
@@ -363,13 +368,13 @@ def _decode_events(path: str, raw: msgspec.Raw | bytes, repairs: list | None = N
             except msgspec.ValidationError as e:
                 raise TraceFormatError(f"{path}: traceEvents is not a list of events ({e})") from None
             return [_coerce_event(ev) for ev in loose]
-    except UnicodeDecodeError:
+    except (UnicodeDecodeError, msgspec.DecodeError) as e:
+        if _repaired or not _is_text_error(e):
+            raise TraceFormatError(f"{path}: invalid JSON in traceEvents ({e})") from None
         fixed = _CONTROL.sub(_REPLACEMENT, bytes(raw).decode("utf-8", errors="replace").encode("utf-8"))
         if repairs is not None and not any(r[0] == "text" for r in repairs):
             repairs.append(("text", "invalid UTF-8 bytes or raw control characters replaced by U+FFFD", None))
-        return _decode_events(path, fixed, None)
-    except msgspec.DecodeError as e:
-        raise TraceFormatError(f"{path}: invalid JSON in traceEvents ({e})") from None
+        return _decode_events(path, fixed, None, _repaired=True)
 
 
 # category (any case) -> bucket; everything else (python_function, flows, instants...) is skipped
