@@ -290,13 +290,10 @@ def _fmt_us(ns: float) -> str:
 # -- binning -------------------------------------------------------------------------
 
 
-def _bin_blocks(row: np.ndarray, s: np.ndarray, e: np.ndarray, lo: int, hi: int, n_rows: int, n_bins: int):
-    """Merge intervals per row into runs of occupied bins.
-
-    ``row`` must be sorted, and ``s`` sorted within each row. Returns (block_row,
-    block_start_ns, block_end_ns, block_of_item) where block edges are tightened to the
-    items' true extents (clipped to [lo, hi]).
-    """
+def _occupancy(row: np.ndarray, s: np.ndarray, e: np.ndarray, lo: int, hi: int, n_rows: int, n_bins: int):
+    """Clip items to [lo, hi], find each item's first bin, and which (row, bin) cells any item
+    overlaps. Returns (start_clipped, end_clipped, first_bin, last_bin, bin_width_ns,
+    occupied[n_rows, n_bins])."""
     w = (hi - lo) / n_bins
     sc = np.clip(s, lo, hi)
     ec = np.clip(e, lo, hi)
@@ -306,6 +303,17 @@ def _bin_blocks(row: np.ndarray, s: np.ndarray, e: np.ndarray, lo: int, hi: int,
     flat_len = n_rows * width
     diff = np.bincount(row * width + b0, minlength=flat_len) - np.bincount(row * width + b1 + 1, minlength=flat_len)
     occ = np.cumsum(diff.reshape(n_rows, width), axis=1)[:, :n_bins] > 0
+    return sc, ec, b0, b1, w, occ
+
+
+def _bin_blocks(row: np.ndarray, s: np.ndarray, e: np.ndarray, lo: int, hi: int, n_rows: int, n_bins: int):
+    """Merge intervals per row into runs of occupied bins.
+
+    ``row`` must be sorted, and ``s`` sorted within each row. Returns (block_row,
+    block_start_ns, block_end_ns, block_of_item) where block edges are tightened to the
+    items' true extents (clipped to [lo, hi]).
+    """
+    sc, ec, b0, b1, w, occ = _occupancy(row, s, e, lo, hi, n_rows, n_bins)
     starts = occ & ~np.concatenate([np.zeros((n_rows, 1), dtype=bool), occ[:, :-1]], axis=1)
     block_num = np.cumsum(starts.ravel()) - 1
     item_block = block_num[row * n_bins + b0]
@@ -333,15 +341,7 @@ def _bin_class_runs(row: np.ndarray, s: np.ndarray, e: np.ndarray, cls: np.ndarr
         (run_row, run_start_ns, run_end_ns, run_cls, run_count, run_busy_ns); at most
         ``n_bins`` runs per row.
     """
-    w = (hi - lo) / n_bins
-    sc = np.clip(s, lo, hi)
-    ec = np.clip(e, lo, hi)
-    b0 = np.minimum(((sc - lo) / w).astype(np.int64), n_bins - 1)
-    b1 = np.minimum(np.maximum(np.ceil((ec - lo) / w).astype(np.int64) - 1, b0), n_bins - 1)
-    width = n_bins + 1
-    flat_len = n_rows * width
-    diff = np.bincount(row * width + b0, minlength=flat_len) - np.bincount(row * width + b1 + 1, minlength=flat_len)
-    occ = (np.cumsum(diff.reshape(n_rows, width), axis=1)[:, :n_bins] > 0)
+    sc, ec, b0, b1, w, occ = _occupancy(row, s, e, lo, hi, n_rows, n_bins)
     fb0 = row * n_bins + b0
     dur = (ec - sc).astype(np.float64)
     wgt = np.bincount(fb0 * ncls + cls, weights=dur + 1e-9, minlength=n_rows * n_bins * ncls).reshape(n_rows, n_bins, ncls)
