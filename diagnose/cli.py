@@ -6,6 +6,7 @@ arguments (one line on stderr, never a traceback); 3 an internal error (one line
 """
 from __future__ import annotations
 
+import importlib
 import os
 
 import click
@@ -88,7 +89,36 @@ def make_options(phase_regex=(), **att):
     return Options(phase_regex=tuple(phase_regex), **att)
 
 
-@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(OneLineGroup):
+    """The top-level group: commands other than ``run`` are imported when first used, so that
+    ``diagnose run`` starts reading the trace without paying for their imports."""
+
+    # name -> (module, attribute, wrap with guarded())
+    LAZY = {
+        "bounds": ("diagnose.bounds_cli", "bounds_command", False),
+        "kv-budget": ("diagnose.bounds_cli", "kv_budget_command", False),
+        "collect": ("diagnose.collectors.collect_cli", "collect_group", True),
+        "gate": ("diagnose.rules_cli", "gate_command", True),
+        "compare": ("diagnose.rules_cli", "compare_command", True),
+        "sweep": ("diagnose.rules_cli", "sweep_command", True),
+        "rules": ("diagnose.rules_cli", "rules_group", True),
+        "serve": ("diagnose.app.serve_cli", "serve_command", True),
+    }
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self.LAZY))
+
+    def get_command(self, ctx, name):
+        if name in self.LAZY and name not in self.commands:
+            module, attr, guard = self.LAZY[name]
+            cmd = getattr(importlib.import_module(module), attr)
+            if guard:
+                guard_all(cmd)
+            self.add_command(cmd, name)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="diagnose")
 def main() -> None:
     """Why is my LLM inference slow? Analyse torch.profiler (Kineto JSON) and Nsight Systems
@@ -127,6 +157,15 @@ def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: s
     device name, or --gpu / --peak-tflops / --bandwidth-tbps) and, for bytes, the model config
     (from trace metadata written by `diagnose collect`, or --model-config).
     """
+    if len(trace_paths) == 1 and not trace_dir and not scheduler:
+        from diagnose.trace.reading import Prefetch, sniff
+
+        try:  # read and gunzip while the analysis modules import (errors surface in the load)
+            prefetch = Prefetch(trace_paths[0]) if sniff(trace_paths[0]) == "kineto" else None
+        except DiagnoseError:
+            prefetch = None
+    else:
+        prefetch = None
     from diagnose.pipeline import run_analysis
 
     if not trace_paths and not trace_dir:
@@ -138,7 +177,7 @@ def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: s
         return
     trace_path = trace_paths[0]
     analysis = run_analysis(trace_path, options=make_options(phase_regex, **att), lenient=lenient, show_progress=True,
-                            window=window, device=device)
+                            window=window, device=device, prefetch=prefetch)
     attach_verdicts(analysis)
     report = analysis.to_dict()
     if out_path or fmt == "json":
@@ -165,22 +204,7 @@ def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: s
 
 
 def _register() -> None:
-    from diagnose.bounds_cli import bounds_command, kv_budget_command
-    from diagnose.collectors.collect_cli import collect_group
-
-    from diagnose.rules_cli import compare_command, gate_command, rules_group, sweep_command
-
-    main.add_command(collect_group)
-    main.add_command(gate_command)
-    main.add_command(compare_command)
-    main.add_command(sweep_command)
-    main.add_command(rules_group)
-    from diagnose.app.serve_cli import serve_command
-
-    main.add_command(serve_command)
     guard_all(main)
-    main.add_command(bounds_command)
-    main.add_command(kv_budget_command)
 
 
 _register()

@@ -82,10 +82,10 @@ class OneLineGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-def guard_all(group: click.Group) -> None:
-    """Wrap the callback of every command below ``group`` with :func:`guarded`."""
-    for cmd in group.commands.values():
-        if cmd.callback is not None:
-            cmd.callback = guarded(cmd.callback)
-        if isinstance(cmd, click.Group):
+def guard_all(command: click.Command) -> None:
+    """Wrap the callback of ``command`` and of every command below it with :func:`guarded`."""
+    if command.callback is not None:
+        command.callback = guarded(command.callback)
+    if isinstance(command, click.Group):
+        for cmd in command.commands.values():
             guard_all(cmd)

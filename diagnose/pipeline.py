@@ -5,6 +5,7 @@ import os
 
 from diagnose.analyzers import Analysis, Options, analyze
 from diagnose.trace import load_trace
+from diagnose.trace.reading import Prefetch
 from diagnose.trace.slice import parse_window, slice_trace
 
 
@@ -26,7 +27,8 @@ def input_size(path: str) -> int:
 
 
 def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options | None = None, lenient: bool = False,
-                 show_progress: bool = False, window: str | None = None, device: int | None = None) -> Analysis:
+                 show_progress: bool = False, window: str | None = None, device: int | None = None,
+                 prefetch: Prefetch | None = None) -> Analysis:
     """Load ``path`` and run every analyzer.
 
     Args:
@@ -37,6 +39,7 @@ def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options 
         window: ``START:END`` in ms from the trace start (``--window``); device: one device.
         show_progress: draw a progress bar on stderr (when it is a terminal) for inputs over
             100 MB (uncompressed).
+        prefetch: a :class:`~diagnose.trace.reading.Prefetch` already reading ``path``.
 
     Raises:
         DiagnoseError: unusable input or options.
@@ -45,7 +48,7 @@ def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options 
     window_ms = parse_window(window)
 
     def load(progress=None):
-        trace = load_trace(path, lenient=lenient, progress=progress)
+        trace = load_trace(path, lenient=lenient, progress=progress, prefetch=prefetch)
         if window_ms is not None or device is not None:
             slice_trace(trace, window_ms, device)
         return trace

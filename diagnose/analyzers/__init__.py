@@ -160,7 +160,9 @@ def _phase_findings(name: str, device: int | None, sub: pd.DataFrame, n_steps: i
     )
     dur = (sub["end_ns"] - sub["start_ns"]).to_numpy()
     cats = sub["category"].to_numpy()
-    categories_ms = {c: round(float(dur[cats == c].sum()) / 1e6, 6) for c in CATEGORIES if (cats == c).any()}
+    codes, uniques = pd.factorize(cats)
+    by_cat = dict(zip(uniques, np.bincount(codes, weights=dur, minlength=len(uniques)))) if len(cats) else {}
+    categories_ms = {c: round(float(by_cat[c]) / 1e6, 6) for c in CATEGORIES if c in by_cat}
     is_kernel = (sub["kind"] == "kernel").to_numpy()
     kernel_ns = int(dur[is_kernel].sum())
     attn_ns = int(dur[is_kernel & (cats == "attention")].sum())
@@ -339,10 +341,10 @@ def launch_stats(trace: Trace, g: pd.DataFrame) -> dict[str, Any]:
     if len(rt) == 0:
         return {"host_launch_calls": 0, "graph_launches": 0, "graph_launches_with_activity": 0,
                 "graph_coverage": None, "kernels_per_graph_launch_max": None}
-    corr_with_gpu = set(g["correlation"].to_numpy().tolist()) if len(g) else set()
     kinds = rt["api_kind"].to_numpy()
     corr = rt["correlation"].to_numpy()
-    linked = np.fromiter((c in corr_with_gpu for c in corr), dtype=bool, count=len(rt)) & (corr >= 0)
+    gpu_corr = g["correlation"].to_numpy() if len(g) else np.empty(0, dtype=np.int64)
+    linked = np.isin(corr, gpu_corr) & (corr >= 0)
     is_launch = np.isin(kinds, ["launch", "graph_launch"]) | (linked & ~np.isin(kinds, ["memcpy", "memset"]))
     graph = kinds == "graph_launch"
     n_graph = int(graph.sum())

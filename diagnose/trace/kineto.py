@@ -18,11 +18,16 @@ never materialised.
 """
 from __future__ import annotations
 
-import gzip
+import mmap
 import operator
+import os
+import pickle
 import re
-import zlib
-from typing import Any
+import select
+import signal
+import struct
+import sys
+from typing import Any, NamedTuple, Union
 
 import msgspec
 import numpy as np
@@ -30,6 +35,7 @@ import pandas as pd
 
 from diagnose.errors import TraceFormatError
 from diagnose.trace.apis import api_kind
+from diagnose.trace.reading import read_bytes, read_bytes_partial  # noqa: F401 - read_bytes re-exported
 from diagnose.trace.model import (
     ANNOTATION_COLUMNS,
     CPU_OP_COLUMNS,
@@ -101,51 +107,6 @@ class _LooseEvent(msgspec.Struct, gc=False):
 
 
 _any_dec = msgspec.json.Decoder()
-
-
-def read_bytes(path: str) -> bytes:
-    """Read a file, gunzipping it when it starts with the gzip magic.
-
-    Raises:
-        TraceFormatError: missing/unreadable file, corrupt or truncated gzip stream.
-    """
-    data, cut = read_bytes_partial(path)
-    if cut:
-        raise TraceFormatError(f"{path}: {cut}")
-    return data
-
-
-def read_bytes_partial(path: str) -> tuple[bytes, str | None]:
-    """Like :func:`read_bytes`, but a gzip stream cut short returns what decompressed, plus a
-    description of the cut (None when the file is whole).
-
-    Raises:
-        TraceFormatError: missing/unreadable file, or gzip data that is corrupt (not just cut).
-    """
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise TraceFormatError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise TraceFormatError(f"{path}: is a directory, expected a trace file") from None
-    except OSError as e:
-        raise TraceFormatError(f"{path}: cannot read ({e.strerror})") from None
-    if raw[:2] != b"\x1f\x8b":
-        return raw, None
-    try:
-        return gzip.decompress(raw), None
-    except EOFError:
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            out = d.decompress(raw)
-        except zlib.error as e:
-            raise TraceFormatError(f"{path}: corrupt gzip data ({e})") from None
-        if not out:
-            raise TraceFormatError(f"{path}: gzip stream cut before any data") from None
-        return out, f"gzip stream cut short after {len(raw):,} compressed bytes ({len(out):,} bytes recovered)"
-    except (OSError, zlib.error) as e:
-        raise TraceFormatError(f"{path}: corrupt gzip data ({e})") from None
 
 
 class _Doc(msgspec.Struct, gc=False):
@@ -385,34 +346,157 @@ _CAT_BUCKET = {
     "user_annotation": "ann_cpu", "gpu_user_annotation": "ann_gpu",
     "cuda_sync": "sync",
 }
+_BUCKETS = ("kernel", "memcpy", "memset", "runtime", "op", "ann_cpu", "ann_gpu", "sync")
+
+# Strict event schema, tried first: a tagged union on "ph" decodes only complete ("X")
+# events into fields -- every other phase (flows, instants, metadata...) becomes an empty
+# struct, which is ~40 % of the decode time saved -- and every id is a plain int, so that
+# columns come out of C-level iteration (np.fromiter) with no per-value checks. Anything
+# this schema rejects (a missing or unknown "ph", a string or float id, null values...)
+# raises ValidationError and that slice is decoded again with the lenient _Event schema.
+_MISSING = -(2**63)  # "absent or unusable" in the raw int64 columns below
+_PHASES = ("B", "E", "X", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "M", "V", "v", "R", "c", "(", ")")
 
 
-_get_cat = operator.attrgetter("cat")
-_get_ph = operator.attrgetter("ph")
+class _StrictArgs(msgspec.Struct, gc=False):
+    device: int = _MISSING
+    stream: int = _MISSING
+    correlation: int = _MISSING
+    external_id: int = msgspec.field(default=_MISSING, name="External id")
+    external_id_legacy: int = msgspec.field(default=_MISSING, name="external id")
+    bytes: int = _MISSING
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+
+
+class _StrictX(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+    cat: str = ""
+    name: str = ""
+    ts: float = float("nan")
+    dur: float = 0.0
+    pid: int | str | None = None
+    tid: int | str | None = None
+    args: _StrictArgs = msgspec.field(default_factory=_StrictArgs)
+
+
+_StrictEvent = Union[(_StrictX,) + tuple(
+    msgspec.defstruct(f"_Phase{i}", [], tag_field="ph", tag=ph, gc=False)
+    for i, ph in enumerate(_PHASES) if ph != "X")]
+_strict_list_dec = msgspec.json.Decoder(list[_StrictEvent])
+_loose_list_dec = msgspec.json.Decoder(list[_Event])
+_StrictDoc = msgspec.defstruct(
+    "_StrictDoc", [("traceEvents", list[_StrictEvent])] + [(f, Any, None) for f in _Doc.__struct_fields__ if f != "traceEvents"],
+    gc=False)
+_strict_doc_dec = msgspec.json.Decoder(_StrictDoc)
+
+
+def _decode_slice(data: bytes) -> tuple[list, bool]:
+    """Decode a JSON list of events: (events, strict). Strict first, then the _Event schema.
+
+    Raises:
+        msgspec.DecodeError, UnicodeDecodeError: not valid JSON (callers fall back further).
+    """
+    try:
+        return _strict_list_dec.decode(data), True
+    except msgspec.ValidationError:
+        return _loose_list_dec.decode(data), False
+
+
+def _group(events: list, strict: bool) -> dict[str, list]:
+    """Complete ("X") events grouped by bucket (see _CAT_BUCKET); other events are dropped."""
+    by_cat: dict[str, list] = {}
+    if strict:
+        for e in events:
+            if type(e) is _StrictX:
+                lst = by_cat.get(e.cat)
+                if lst is None:
+                    by_cat[e.cat] = lst = []
+                lst.append(e)
+    else:
+        for e in events:
+            if e.ph == "X":
+                lst = by_cat.get(e.cat)
+                if lst is None:
+                    by_cat[e.cat] = lst = []
+                lst.append(e)
+    out: dict[str, list] = {k: [] for k in _BUCKETS}
+    for cat, lst in by_cat.items():
+        k = _CAT_BUCKET.get(str(cat).lower())
+        if k:
+            out[k] = lst if not out[k] else out[k] + lst
+    return out
+
+
+_get_args = operator.attrgetter("args")
 _get_name = operator.attrgetter("name")
 _get_ts = operator.attrgetter("ts")
 _get_dur = operator.attrgetter("dur")
 _get_pid = operator.attrgetter("pid")
 _get_tid = operator.attrgetter("tid")
-_get_args = operator.attrgetter("args")
 
 
-def _bucket(events: list[_Event]) -> dict[str, list[_Event]]:
-    """Group complete ("X") events by the bucket of their category, vectorised over categories."""
-    buckets: dict[str, list[_Event]] = {k: [] for k in set(_CAT_BUCKET.values())}
-    if not events:
-        return buckets
-    codes, uniques = pd.factorize(np.array(list(map(_get_cat, events)), dtype=object), sort=False)
-    ph_codes, ph_uniques = pd.factorize(np.array(list(map(_get_ph, events)), dtype=object), sort=False)
-    x = [i for i, v in enumerate(ph_uniques) if v == "X"]
-    ph_x = ph_codes == x[0] if x else np.zeros(len(events), dtype=bool)
-    for u, cat in enumerate(uniques):
-        k = _CAT_BUCKET.get(str(cat).lower(), "")
-        if not k:
-            continue
-        idx = np.nonzero((codes == u) & ph_x)[0]
-        buckets[k].extend(events[i] for i in idx.tolist())
-    return buckets
+def _ids(vals: list, default: int = -1) -> np.ndarray:
+    """pid/tid-like values (int, "stream 7", None...) as int64; see _as_int."""
+    if set(map(type, vals)) == {int}:  # only then: np.fromiter would also parse "-7" or "7"
+        try:
+            return np.fromiter(vals, np.int64, len(vals))
+        except OverflowError:
+            pass
+    return np.array([v if type(v) is int and -_I64 < v < _I64 else _as_int(v, default) for v in vals], dtype=np.int64)
+
+
+class _Raw:
+    """Columns of one bucket's events, before the bucket's own rules (defaults, fallbacks).
+
+    ``ts`` float64 µs (NaN = missing), ``dur`` float64 µs (missing = 0), ``pid``/``tid`` the
+    values as decoded, args ids int64 with ``_MISSING`` for absent or unusable values."""
+
+    def __init__(self, evs: list, strict: bool) -> None:
+        self.evs, self.strict, self.n = evs, strict, len(evs)
+        self.name = list(map(_get_name, evs))
+        if strict:
+            self.ts = np.fromiter(map(_get_ts, evs), np.float64, self.n)
+            self.dur = np.fromiter(map(_get_dur, evs), np.float64, self.n)
+        else:
+            self.ts = np.array([_NAN if v is None else v for v in map(_get_ts, evs)], dtype=np.float64)
+            self.dur = np.array([0.0 if v is None else v for v in map(_get_dur, evs)], dtype=np.float64)
+        self._args = list(map(_get_args, evs))
+
+    def pid(self, default: int = -1) -> np.ndarray:
+        return _ids(list(map(_get_pid, self.evs)), default)
+
+    def tid(self, default: int = -1) -> np.ndarray:
+        return _ids(list(map(_get_tid, self.evs)), default)
+
+    def arg(self, field: str) -> np.ndarray:
+        get = operator.attrgetter(field)
+        if self.strict:
+            try:
+                return np.fromiter(map(get, self._args), np.int64, self.n)
+            except OverflowError:  # ints beyond int64
+                pass
+        return np.array([_MISSING if a is None else _int(get(a), _MISSING) for a in self._args], dtype=np.int64)
+
+    def arg_or(self, field: str, default: int) -> np.ndarray:
+        v = self.arg(field)
+        return np.where(v == _MISSING, default, v)
+
+    def external_id(self) -> np.ndarray:
+        ext = self.arg("external_id")
+        missing = ext == _MISSING
+        if missing.any():
+            ext = np.where(missing, self.arg("external_id_legacy"), ext)
+        return np.where(ext == _MISSING, -1, ext)
+
+    def raw_arg(self, field: str) -> list:
+        """Raw JSON of an arg (``Input Dims``...) as small bytes copies (never views that would
+        pin the whole document in memory), None when absent."""
+        get = operator.attrgetter(field)
+        vals = map(get, self._args) if self.strict else (None if a is None else get(a) for a in self._args)
+        return [bytes(v) if v else None for v in vals]
+
+    def times(self, base_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return _times(self.ts, self.dur, base_ns)
 
 
 _NAN = float("nan")
@@ -422,11 +506,9 @@ MAX_TS_US = 4e15  # ~year 2096 in epoch µs: anything larger cannot be a timesta
 MAX_DUR_US = 1e12  # ~11.6 days
 
 
-def _times(evs: list[_Event], base_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(keep mask, start_ns, end_ns): drops events without a usable ts (missing, not finite,
-    beyond int64 ns) or dur (negative, not finite, longer than 11 days)."""
-    ts = np.array([_NAN if v is None else v for v in map(_get_ts, evs)], dtype=np.float64)
-    dur = np.array([0.0 if v is None else v for v in map(_get_dur, evs)], dtype=np.float64)
+def _times(ts: np.ndarray, dur: np.ndarray, base_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(keep mask, start_ns, end_ns) from float µs: drops events without a usable ts (missing,
+    not finite, beyond int64 ns) or dur (negative, not finite, longer than 11 days)."""
     with np.errstate(invalid="ignore"):
         usable = np.isfinite(ts) & (np.abs(ts) <= MAX_TS_US) & np.isfinite(dur) & (dur <= MAX_DUR_US)
     keep = usable & ~(dur < 0)
@@ -435,51 +517,34 @@ def _times(evs: list[_Event], base_ns: int) -> tuple[np.ndarray, np.ndarray, np.
     return keep, start, start + _dur_to_ns(np.where(keep, dur, 0.0))
 
 
-def _arg(evs: list[_Event], field: str, default: int = -1) -> list[int]:
-    get = operator.attrgetter(field)
-    vals = [None if a is None else get(a) for a in map(_get_args, evs)]
-    return [v if type(v) is int and -_I64 < v < _I64 else _int(v, default) for v in vals]
-
-
-def _ids(vals: list) -> list[int]:
-    return [v if type(v) is int and -_I64 < v < _I64 else _as_int(v) for v in vals]
-
-
-def _ext_ids(evs: list[_Event]) -> list[int]:
-    out = []
-    for e in evs:
-        a = e.args
-        if a is None:
-            out.append(-1)
-        else:
-            out.append(_int(a.external_id if a.external_id is not None else a.external_id_legacy))
-    return out
-
-
-def _gpu_columns(evs: list[_Event], kind: str, base_ns: int) -> tuple[dict, np.ndarray]:
-    keep, start, end = _times(evs, base_ns)
-    names = list(map(_get_name, evs))
-    kinds = [kind] * len(evs)
+def _gpu_columns(r: _Raw, kind: str, base_ns: int) -> tuple[dict, np.ndarray]:
+    keep, start, end = r.times(base_ns)
+    names = r.name
+    kinds = [kind] * r.n
     if kind == "kernel":
         # ROCm <= 7.1 reports copies/fills as kernels; 7.2 as gpu_memcpy/gpu_memset.
         for i, n in enumerate(names):
             if n.startswith("__amd_rocclr_"):
                 low = n.lower()
                 kinds[i] = "memcpy" if "copy" in low else "memset" if "fill" in low else "kernel"
-    device = [_int(e.args.device, -2) if e.args is not None else -2 for e in evs]
-    device = [d if d != -2 else _as_int(e.pid, 0) for d, e in zip(device, evs)]
-    stream = [_int(e.args.stream, -2) if e.args is not None else -2 for e in evs]
-    stream = [st if st != -2 else _as_int(e.tid, 0) for st, e in zip(stream, evs)]
+    device = r.arg("device")
+    device = np.where((device == _MISSING) | (device == -2), r.pid(0), device)
+    stream = r.arg("stream")
+    stream = np.where((stream == _MISSING) | (stream == -2), r.tid(0), stream)
     d = {"kind": kinds, "name": names, "device": device, "stream": stream, "start_ns": start, "end_ns": end,
-         "correlation": _arg(evs, "correlation"), "external_id": _ext_ids(evs), "bytes": _arg(evs, "bytes")}
+         "correlation": r.arg_or("correlation", -1), "external_id": r.external_id(), "bytes": r.arg_or("bytes", -1)}
     return d, keep
 
 
+def _obj(values: list) -> np.ndarray:
+    """A 1-D object array of ``values`` (str, bytes or None), never reshaped."""
+    return np.fromiter(values, dtype=object, count=len(values))
+
+
 def _select(d: dict, keep: np.ndarray) -> dict:
-    if keep.all():
-        return d
-    idx = np.nonzero(keep)[0]
-    return {k: (v[keep] if isinstance(v, np.ndarray) else [v[i] for i in idx]) for k, v in d.items()}
+    """Columns (numpy arrays; lists become object arrays) restricted to the ``keep`` rows."""
+    d = {k: v if isinstance(v, np.ndarray) else _obj(v) for k, v in d.items()}
+    return d if keep.all() else {k: v[keep] for k, v in d.items()}
 
 
 def _concat(parts: list[dict]) -> dict:
@@ -487,17 +552,18 @@ def _concat(parts: list[dict]) -> dict:
         return parts[0]
     out = {}
     for k in parts[0]:
-        vals = [p[k] for p in parts]
-        out[k] = np.concatenate(vals) if isinstance(vals[0], np.ndarray) else [x for v in vals for x in v]
+        out[k] = np.concatenate([p[k] for p in parts])
     return out
 
 
-def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False, progress=None) -> Trace:
+def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False, progress=None,
+                gz_cut: str | None = None) -> Trace:
     """Load a Kineto JSON trace into the normalized :class:`Trace`.
 
     Args:
         path: trace path (``.json`` or ``.json.gz``; gzip is detected by content).
-        buf: the already-decompressed bytes, when the caller has read them.
+        buf: the already-decompressed bytes, when the caller has read them (with ``gz_cut``,
+            the description of a gzip stream cut short, from ``read_bytes_partial``).
         lenient: repair numbers written with a decimal comma (a locale bug) instead of failing.
         progress: optional callback ``progress(done_bytes, total_bytes)`` for large inputs.
 
@@ -508,24 +574,27 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False, prog
         TraceFormatError: unreadable file, corrupt gzip, invalid JSON, or JSON that is not a
             Chrome/Kineto trace (no ``traceEvents``).
     """
-    gz_cut = None
     if buf is None:
         buf, gz_cut = read_bytes_partial(path)
     if not gz_cut and len(buf) >= CHUNKED_MIN_BYTES and buf[:64].lstrip()[:1] == b"{":
         trace = _load_chunked(path, buf, progress)
         if trace is not None:
             return trace
-    fast = None
+    fast, strict = None, False
     if not gz_cut and buf[:64].lstrip()[:1] == b"{":
-        try:
-            fast = _doc_dec.decode(buf)
-        except (msgspec.DecodeError, UnicodeDecodeError):
-            fast = None
+        for dec, strict in ((_strict_doc_dec, True), (_doc_dec, False)):
+            try:
+                fast = dec.decode(buf)
+                break
+            except msgspec.ValidationError:
+                continue
+            except (msgspec.DecodeError, UnicodeDecodeError):
+                break
     if fast is not None:
         events, n = fast.traceEvents, len(buf)
         meta = {f: getattr(fast, f) for f in _META_FIELDS if getattr(fast, f) is not None}
         del fast, buf  # never hold the document and its decoded events longer than needed
-        return _build(path, events, meta, legacy=False, repairs=[], buf_len=n, gz_cut=None)
+        return _build(path, events, meta, legacy=False, repairs=[], buf_len=n, gz_cut=None, strict=strict)
     top, legacy, buf, repairs = _split_top(path, buf, lenient)
     if "traceEvents" not in top:
         raise TraceFormatError(
@@ -550,6 +619,14 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False, prog
 _META_FIELDS = tuple(f for f in _Doc.__struct_fields__ if f != "traceEvents")
 
 
+_TEXT = ("name", "kind", "api_kind", "scope")
+
+
+class _Coded(NamedTuple):
+    codes: np.ndarray
+    uniques: np.ndarray
+
+
 class _Columns:
     """Accumulates the columns of the events the analysis needs, chunk by chunk, so that the
     decoded structs of one chunk can be dropped before the next is decoded."""
@@ -561,55 +638,66 @@ class _Columns:
         self.negative = 0
         self.bad_name = 0
 
-    def add(self, events: list[_Event]) -> None:
-        buckets = _bucket(events)
+    def add(self, events: list, strict: bool = False) -> None:
+        """Add decoded events: ``strict`` for :data:`_StrictEvent` lists, else :class:`_Event`."""
+        buckets = _group(events, strict)
         base_ns = self.base_ns
+        raws = {k: _Raw(evs, strict) for k, evs in buckets.items() if evs}
         for kind in ("kernel", "memcpy", "memset"):
-            if buckets[kind]:
-                d, keep = _gpu_columns(buckets[kind], kind, base_ns)
-                self.dropped += int((~keep).sum())
-                self.parts["gpu"].append(_select(d, keep))
-        evs = buckets["runtime"]
-        if evs:
-            keep, start, end = _times(evs, base_ns)
-            self.dropped += int((~keep).sum())
-            names = list(map(_get_name, evs))
-            d = {"name": names, "api_kind": [api_kind(n) for n in names], "start_ns": start, "end_ns": end,
-                 "correlation": _arg(evs, "correlation"), "pid": _ids(list(map(_get_pid, evs))), "tid": _ids(list(map(_get_tid, evs)))}
-            self.parts["runtime"].append(_select(d, keep))
-        evs = buckets["op"]
-        if evs:
-            keep, start, end = _times(evs, base_ns)
-            self.dropped += int((~keep).sum())
-            # bytes(): small copies, so the raw slices do not pin the whole document in memory
-            d = {"name": list(map(_get_name, evs)), "start_ns": start, "end_ns": end,
-                 "external_id": _ext_ids(evs),
-                 "tid": _ids(list(map(_get_tid, evs))),
-                 "input_dims": [bytes(e.args.input_dims) if e.args is not None and e.args.input_dims else None for e in evs],
-                 "input_types": [bytes(e.args.input_types) if e.args is not None and e.args.input_types else None for e in evs]}
-            self.parts["op"].append(_select(d, keep))
+            if kind in raws:
+                d, keep = _gpu_columns(raws[kind], kind, base_ns)
+                self._keep("gpu", d, keep)
+        r = raws.get("runtime")
+        if r is not None:
+            keep, start, end = r.times(base_ns)
+            d = {"name": r.name, "api_kind": [api_kind(n) for n in r.name], "start_ns": start, "end_ns": end,
+                 "correlation": r.arg_or("correlation", -1), "pid": r.pid(), "tid": r.tid()}
+            self._keep("runtime", d, keep)
+        r = raws.get("op")
+        if r is not None:
+            keep, start, end = r.times(base_ns)
+            d = {"name": r.name, "start_ns": start, "end_ns": end, "external_id": r.external_id(), "tid": r.tid(),
+                 "input_dims": r.raw_arg("input_dims"), "input_types": r.raw_arg("input_types")}
+            self._keep("op", d, keep)
         for bucket, scope in (("ann_cpu", "cpu"), ("ann_gpu", "gpu")):
-            evs = buckets[bucket]
-            if evs:
-                keep, start, end = _times(evs, base_ns)
-                self.dropped += int((~keep).sum())
-                pids = _ids(list(map(_get_pid, evs)))
-                d = {"name": list(map(_get_name, evs)), "scope": [scope] * len(evs),
-                     "device": pids if scope == "gpu" else [-1] * len(evs),
-                     "start_ns": start, "end_ns": end, "pid": pids, "tid": _ids(list(map(_get_tid, evs)))}
-                self.parts["ann"].append(_select(d, keep))
-        evs = buckets["sync"]
-        if evs:
-            keep, start, end = _times(evs, base_ns)
-            d = {"name": list(map(_get_name, evs)), "device": _arg(evs, "device", 0), "stream": _arg(evs, "stream", 0),
+            r = raws.get(bucket)
+            if r is not None:
+                keep, start, end = r.times(base_ns)
+                pids = r.pid()
+                d = {"name": r.name, "scope": [scope] * r.n, "device": pids if scope == "gpu" else np.full(r.n, -1, np.int64),
+                     "start_ns": start, "end_ns": end, "pid": pids, "tid": r.tid()}
+                self._keep("ann", d, keep)
+        r = raws.get("sync")
+        if r is not None:
+            keep, start, end = r.times(base_ns)
+            d = {"name": r.name, "device": r.arg_or("device", 0), "stream": r.arg_or("stream", 0),
                  "start_ns": start, "end_ns": end}
-            self.parts["sync"].append(_select(d, keep))
-        for k in buckets.values():
-            for e in k:
-                if e.dur is not None and e.dur < 0:
-                    self.negative += 1
-                if "\ufffd" in e.name:
-                    self.bad_name += 1
+            self._keep("sync", d, keep)
+        for r in raws.values():
+            self.negative += int((r.dur < 0).sum())
+            if "\ufffd" in "".join(r.name):
+                self.bad_name += sum("\ufffd" in n for n in r.name)
+
+    def state(self) -> dict:
+        """Everything accumulated, as picklable data (sent back by forked workers). Text
+        columns travel as (codes, unique values): pickling a million distinct ``str`` objects
+        costs more than decoding them, and the shared values make later grouping faster."""
+        parts = {k: [{c: _Coded(*pd.factorize(v)) if c in _TEXT else v
+                      for c, v in d.items()} for d in lst] for k, lst in self.parts.items()}
+        return {"parts": parts, "dropped": self.dropped, "negative": self.negative, "bad_name": self.bad_name}
+
+    def merge(self, state: dict) -> None:
+        """Append another instance's :meth:`state` (its events come after this one's)."""
+        for k, v in state["parts"].items():
+            self.parts[k].extend({c: x.uniques[x.codes] if isinstance(x, _Coded) else x for c, x in d.items()}
+                                 for d in v)
+        self.dropped += state["dropped"]
+        self.negative += state["negative"]
+        self.bad_name += state["bad_name"]
+
+    def _keep(self, part: str, d: dict, keep: np.ndarray) -> None:
+        self.dropped += int((~keep).sum())
+        self.parts[part].append(_select(d, keep))
 
     def finish(self, trace: Trace) -> None:
         p = self.parts
@@ -662,12 +750,12 @@ def _new_trace(path: str, metadata: dict[str, Any], legacy: bool, repairs: list,
     return trace
 
 
-def _build(path: str, events: list[_Event], metadata: dict[str, Any], legacy: bool,
-           repairs: list, buf_len: int, gz_cut: str | None) -> Trace:
+def _build(path: str, events: list, metadata: dict[str, Any], legacy: bool,
+           repairs: list, buf_len: int, gz_cut: str | None, strict: bool = False) -> Trace:
     """Normalized trace from decoded events and top-level metadata."""
     trace = _new_trace(path, metadata, legacy, repairs, buf_len, gz_cut)
     cols = _Columns(_base_ns(metadata))
-    cols.add(events)
+    cols.add(events, strict)
     del events
     cols.finish(trace)
     return trace
@@ -676,61 +764,262 @@ def _build(path: str, events: list[_Event], metadata: dict[str, Any], legacy: bo
 CHUNK_BYTES = 32 * 2**20
 CHUNKED_MIN_BYTES = 64 * 2**20
 _EVENT_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 
 
 class _ChunkFailed(Exception):
     pass
 
 
-def _load_chunked(path: str, buf: bytes, progress=None) -> Trace | None:
-    """Decode ``traceEvents`` in ~32 MiB slices cut at ``},{`` boundaries; each slice's decode
-    validates its cut. Returns None (caller falls back to the whole-document path) when the
-    document or any slice does not decode cleanly."""
+def _locate_events(buf: bytes) -> tuple[dict[str, msgspec.Raw], int, int] | None:
+    """Find the ``traceEvents`` array without parsing it: (other top-level keys as raw JSON,
+    index of its ``[``, index of its ``]``). The keys before and after the array are parsed
+    (they must form a valid object around it); the array itself is validated slice by slice
+    when decoded. None when the layout is anything else (callers then parse the whole
+    document)."""
+    m = _EVENTS_KEY.search(buf)
+    if m is None:
+        return None
+    head = buf[:m.start()].rstrip()
+    top: dict[str, msgspec.Raw] = {}
     try:
-        top = msgspec.json.decode(buf, type=dict[str, msgspec.Raw])
+        if head.endswith(b","):
+            top = msgspec.json.decode(head[:-1] + b"}", type=dict[str, msgspec.Raw])
+        elif head.lstrip() != b"{":
+            return None
     except (msgspec.DecodeError, UnicodeDecodeError):
         return None
-    raw_events = top.pop("traceEvents", None)
-    if raw_events is None:
+    lb, pos = m.end() - 1, len(buf)
+    for _ in range(16):
+        rb = buf.rfind(b"]", lb, pos)
+        if rb < 0 or len(buf) - rb > 2**20:
+            return None
+        rest = buf[rb + 1:].strip()
+        if rest == b"}":
+            return top, lb, rb
+        if rest.startswith(b","):
+            try:
+                tail = msgspec.json.decode(b"{" + rest[1:], type=dict[str, msgspec.Raw])
+            except (msgspec.DecodeError, UnicodeDecodeError):
+                pos = rb
+                continue
+            if "traceEvents" in tail:
+                return None
+            top.update(tail)
+            return top, lb, rb
+        pos = rb
+    return None
+
+
+def _slices(buf: memoryview, lb: int, rb: int) -> list[tuple[int, int]]:
+    """(start, end) byte ranges of ~CHUNK_BYTES inside the array ``buf[lb:rb+1]``, each a run
+    of whole events cut at a ``},{`` boundary (a cut inside a string makes that slice's decode
+    fail, and the caller falls back to a whole-document parse)."""
+    out = []
+    pos = lb + 1
+    while pos < rb:
+        target = pos + CHUNK_BYTES
+        m = _EVENT_BOUNDARY.search(buf, target, rb) if target < rb else None
+        cut = m.start() + 1 if m else rb
+        out.append((pos, cut))
+        pos = (m.end() - 1) if m else rb
+    return out
+
+
+def _decode_slices(src: memoryview, slices: list[tuple[int, int]], base_ns: int, progress=None,
+                   keep: list | None = None, keep_below: int = 0) -> _Columns:
+    """Decode each slice of ``src`` into one :class:`_Columns`; ``progress(end, 0)`` after each.
+    Decoded events are freed slice by slice, unless ``keep`` is given and this process's
+    resident set is under ``keep_below`` bytes: a forked child that exits right after keeps
+    them there and never pays for freeing them (~10 % of its time).
+
+    Raises:
+        _ChunkFailed: a slice is not a valid JSON list of events.
+    """
+    cols = _Columns(base_ns)
+    for start, end in slices:
+        chunk = b"[" + src[start:end] + b"]"
+        try:
+            events, strict = _decode_slice(chunk)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            raise _ChunkFailed from None
+        del chunk
+        cols.add(events, strict)
+        if keep is not None and _rss_bytes() < keep_below:
+            keep.append(events)
+        del events
+        if progress is not None:
+            progress(end, 0)
+    return cols
+
+
+KEEP_MIN_BYTES = 256 * 2**20
+
+
+def _rss_bytes() -> int:
+    """This process's resident set size (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def workers_default() -> int:
+    """Processes for one large Kineto file: the CPUs this process may use, at most 4, when
+    ``os.fork`` is available (Linux); else 1. ``DIAGNOSE_WORKERS`` overrides."""
+    env = os.environ.get("DIAGNOSE_WORKERS", "")
+    if env.isdigit() and int(env) >= 1:
+        return int(env)
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return 1
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(n, 4))
+
+
+def _fork_decode(src: memoryview, slices: list[tuple[int, int]], base_ns: int, done: mmap.mmap, slot: int) -> tuple[int, int]:
+    """Decode ``slices`` in a forked child, which shares ``src`` copy-on-write, writes the
+    bytes it has decoded so far into ``done`` (int64 at ``slot``) and sends back its pickled
+    columns. Returns (pid, read fd).
+
+    Raises:
+        OSError: fork or pipe failed.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns, exits without freeing what it decoded
+        code = 1
+        try:
+            os.close(r)
+            keep: list = []
+
+            def progress(end: int, _total: int) -> None:
+                struct.pack_into("q", done, 8 * slot, end - slices[0][0])
+
+            # keep decoded events (never freed: the child exits) up to about the bytes of its share
+            budget = max(KEEP_MIN_BYTES, sum(e - s for s, e in slices))
+            cols = _decode_slices(src, slices, base_ns, progress, keep, _rss_bytes() + budget)
+            data = pickle.dumps(cols.state(), protocol=pickle.HIGHEST_PROTOCOL)
+            with os.fdopen(w, "wb") as f:
+                f.write(data)
+            code = 0
+        except BaseException:  # noqa: BLE001 - the parent redoes the work on any failure
+            pass
+        os._exit(code)
+    os.close(w)
+    return pid, r
+
+
+def _fork_result(pid: int, fd: int) -> dict | None:
+    """The child's columns state, or None when it failed (the caller redoes its slices)."""
+    with os.fdopen(fd, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or not data:
         return None
+    try:
+        return pickle.loads(data)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _decode_parallel(src: memoryview, shares: list[list[tuple[int, int]]], base_ns: int, report) -> _Columns:
+    """Decode each share in its own forked child; merge their columns in share order.
+    A share whose child could not start or failed is decoded here.
+
+    Raises:
+        _ChunkFailed: a slice is not a valid JSON list of events.
+    """
+    done = mmap.mmap(-1, 8 * len(shares))
+    children: dict[int, tuple[int, int]] = {}  # share index -> (pid, fd)
+    states: dict[int, dict | None] = {}
+    for i, share in enumerate(shares):
+        try:
+            children[i] = _fork_decode(src, share, base_ns, done, i)
+        except OSError:
+            states[i] = None
+    try:
+        while len(states) < len(shares):
+            waiting = {fd: i for i, (pid, fd) in children.items() if i not in states}
+            if not waiting:
+                break
+            ready, _, _ = select.select(list(waiting), [], [], 0.2)
+            report(sum(struct.unpack_from(f"{len(shares)}q", done)))
+            for fd in ready:
+                i = waiting[fd]
+                states[i] = _fork_result(children[i][0], fd)
+    except BaseException:
+        for i, (pid, fd) in children.items():
+            if i not in states:
+                os.kill(pid, signal.SIGKILL)
+                _fork_result(pid, fd)
+        raise
+    finally:
+        done.close()
+    cols = _Columns(base_ns)
+    for i, share in enumerate(shares):
+        state = states.get(i)
+        cols.merge(state if state is not None else _decode_slices(src, share, base_ns).state())
+    return cols
+
+
+def _load_chunked(path: str, buf: bytes, progress=None, workers: int | None = None) -> Trace | None:
+    """Decode ``traceEvents`` in ~32 MiB slices cut at ``},{`` boundaries, on ``workers``
+    processes (forked, sharing the decompressed document; see :func:`workers_default`).
+    Each slice's decode validates its cut. Returns None (the caller falls back to the
+    whole-document path) when the document or any slice does not decode cleanly."""
+    located = _locate_events(buf)
+    if located is None:
+        try:
+            top = msgspec.json.decode(buf, type=dict[str, msgspec.Raw])
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            return None
+        raw_events = top.pop("traceEvents", None)
+        if raw_events is None:
+            return None
+        src = memoryview(raw_events)  # a view into buf: no copy
+        lb = bytes(src[:64]).find(b"[")
+        rb = len(src) - 1
+        while rb > 0 and src[rb] != ord("]"):
+            rb -= 1
+        if lb < 0 or rb <= lb:
+            return None
+    else:
+        top, lb, rb = located
+        src = memoryview(buf)
     metadata: dict[str, Any] = {}
     for k, v in top.items():
         try:
             metadata[k] = _any_dec.decode(v)
         except (msgspec.DecodeError, UnicodeDecodeError):
             metadata[k] = None
-    mv = memoryview(raw_events)
-    n = len(mv)
-    start = bytes(mv[:64]).find(b"[")
-    end = n - 1
-    while end > 0 and mv[end] != ord("]"):
-        end -= 1
-    if start < 0 or end <= start:
-        return None
-    trace = _new_trace(path, metadata, False, [], len(buf), None)
-    cols = _Columns(_base_ns(metadata))
-    dec = msgspec.json.Decoder(list[_Event])
-    pos = start + 1
+    del top
+    base_ns = _base_ns(metadata)
+    slices = _slices(src, lb, rb)
+    n_workers = max(1, min(workers or workers_default(), len(slices)))
+    total = rb - lb
+
+    def report(done: int, _total: int = 0) -> None:
+        if progress is not None:
+            progress(min(done, total), total)
+
     try:
-        while pos < end:
-            target = pos + CHUNK_BYTES
-            m = _EVENT_BOUNDARY.search(mv, target, end) if target < end else None
-            cut = m.start() + 1 if m else end
-            chunk = b"[" + bytes(mv[pos:cut]) + b"]"
-            try:
-                events = dec.decode(chunk)
-            except (msgspec.DecodeError, UnicodeDecodeError):
-                raise _ChunkFailed from None
-            del chunk
-            cols.add(events)
-            del events
-            if progress is not None:
-                progress(cut, n)
-            pos = (m.end() - 1) if m else end
+        if n_workers == 1:
+            cols = _decode_slices(src, slices, base_ns, lambda end, _t: report(end - lb))
+        else:
+            # contiguous shares in file order, one per child; merged back in that order
+            shares = [slices[len(slices) * i // n_workers:len(slices) * (i + 1) // n_workers] for i in range(n_workers)]
+            cols = _decode_parallel(src, shares, base_ns, report)
     except _ChunkFailed:
         return None
     finally:
-        mv.release()
+        src.release()
+    if progress is not None:
+        progress(total, total)
+    trace = _new_trace(path, metadata, False, [], len(buf), None)
     cols.finish(trace)
     return trace
 

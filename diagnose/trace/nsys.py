@@ -78,7 +78,7 @@ from diagnose.trace.model import (
     frame,
 )
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"
+from diagnose.trace.reading import SQLITE_MAGIC as _SQLITE_MAGIC
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY_TABLE = "CUPTI_ACTIVITY_KIND_MEMCPY"
