@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Iterable
 
-import yaml
-
 from diagnose.errors import DiagnoseError
+from diagnose.yamlio import load_yaml
 
 _ROW_KEYS = (
     "name",
@@ -121,7 +120,7 @@ def load_gpu_table() -> tuple[GpuPeak, ...]:
             regex, duplicate name).
     """
     text = resources.files("diagnose.data").joinpath("gpus.yaml").read_text(encoding="utf-8")
-    doc = yaml.safe_load(text)
+    doc = load_yaml(text)
     if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list):
         raise DiagnoseError("gpus.yaml must hold a 'gpus' list")
     rows = tuple(_row_from_yaml(raw, i) for i, raw in enumerate(doc["gpus"]))

@@ -41,6 +41,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import yaml
 
 from diagnose.errors import DiagnoseError
+from diagnose.yamlio import load_yaml
 
 SEVERITIES = ("info", "low", "medium", "high", "critical")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -1135,7 +1136,7 @@ def rule_from_dict(data: Any, where: str, expected_id: str | None = None, valida
 
 def _parse_yaml(text: str, where: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""

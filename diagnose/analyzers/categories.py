@@ -12,7 +12,8 @@ from importlib import resources
 
 import numpy as np
 import pandas as pd
-import yaml
+
+from diagnose.yamlio import load_yaml
 
 CATEGORIES = (
     "gemm",
@@ -34,7 +35,7 @@ _WRAPPERS = re.compile(r"^(cutlass::)?(Kernel\d*|device_kernel)$")
 @lru_cache(maxsize=1)
 def _table() -> tuple[tuple[str, re.Pattern], ...]:
     text = resources.files("diagnose.data").joinpath("kernel_categories.yaml").read_text()
-    rows = yaml.safe_load(text)["categories"]
+    rows = load_yaml(text)["categories"]
     return tuple((r["category"], re.compile(r["pattern"], re.I)) for r in rows)
 
 
@@ -111,10 +112,10 @@ def categorize(gpu: pd.DataFrame) -> np.ndarray:
     Returns:
         numpy object array of category strings, aligned with ``gpu``.
     """
-    kinds = gpu["kind"].to_numpy()
-    names = gpu["name"].to_numpy()
-    out = np.empty(len(gpu), dtype=object)
-    for i in range(len(gpu)):
-        k = kinds[i]
-        out[i] = k if k != "kernel" else classify_kernel(names[i])
+    kinds = gpu["kind"].to_numpy(dtype=object)
+    codes, names = pd.factorize(gpu["name"].to_numpy(dtype=object))
+    by_name = np.array([classify_kernel(n) for n in names], dtype=object)  # once per distinct name
+    out = by_name[codes] if len(gpu) else np.empty(0, dtype=object)
+    not_kernel = kinds != "kernel"
+    out[not_kernel] = kinds[not_kernel]
     return out

@@ -20,11 +20,11 @@ from importlib import resources
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from diagnose.errors import DiagnoseError
 from diagnose.trace.kineto import parse_input_dims
 from diagnose.trace.model import NO_TIME, Trace
+from diagnose.yamlio import load_yaml
 
 PHASES = ("prefill", "decode", "mixed")
 
@@ -40,7 +40,7 @@ class Grammar:
 @lru_cache(maxsize=1)
 def builtin_grammars() -> tuple[Grammar, ...]:
     text = resources.files("diagnose.data").joinpath("step_markers.yaml").read_text()
-    rows = yaml.safe_load(text)["grammars"]
+    rows = load_yaml(text)["grammars"]
     return tuple(Grammar(r["name"], re.compile(r["pattern"]), r.get("phase_map")) for r in rows)
 
 
@@ -319,17 +319,25 @@ def link_launches(trace: Trace) -> pd.DataFrame:
     rt = trace.runtime
     if n == 0 or len(rt) == 0:
         return out
-    rt = rt[rt["correlation"] >= 0].drop_duplicates("correlation", keep="first")
-    lk = pd.DataFrame({"correlation": gpu["correlation"].to_numpy()}).merge(
-        rt[["correlation", "start_ns", "end_ns", "api_kind"]], on="correlation", how="left"
-    )
-    found = lk["start_ns"].notna().to_numpy() & (gpu["correlation"].to_numpy() >= 0)
-    out.loc[found, "launch_start_ns"] = lk.loc[found, "start_ns"].astype(np.int64).to_numpy()
-    out.loc[found, "launch_end_ns"] = lk.loc[found, "end_ns"].astype(np.int64).to_numpy()
-    out.loc[found, "launch_kind"] = lk.loc[found, "api_kind"].to_numpy()
+    # the first runtime call (in row order) of each correlation id, found by binary search
+    rc = rt["correlation"].to_numpy()
+    rows = np.flatnonzero(rc >= 0)
+    order = np.argsort(rc[rows], kind="stable")
+    sorted_corr = rc[rows][order]
+    first = np.ones(len(sorted_corr), dtype=bool)
+    first[1:] = sorted_corr[1:] != sorted_corr[:-1]
+    uniq_corr, uniq_row = sorted_corr[first], rows[order[first]]
+    corr = gpu["correlation"].to_numpy()
+    pos = np.minimum(np.searchsorted(uniq_corr, corr), max(len(uniq_corr) - 1, 0))
+    found = (corr >= 0) & (len(uniq_corr) > 0)
+    if len(uniq_corr):
+        found &= uniq_corr[pos] == corr
+    hit = uniq_row[pos[found]]
+    out.loc[found, "launch_start_ns"] = rt["start_ns"].to_numpy()[hit]
+    out.loc[found, "launch_end_ns"] = rt["end_ns"].to_numpy()[hit]
+    out.loc[found, "launch_kind"] = rt["api_kind"].to_numpy(dtype=object)[hit]
     # Fan-out: several activities share one launch correlation (graph replay). The first one
     # (in time, per device) carries the launch; later ones are inside the replay.
-    corr = gpu["correlation"].to_numpy()
     key = pd.DataFrame({"device": gpu["device"].to_numpy(), "corr": corr, "start": gpu["start_ns"].to_numpy()})
     key = key.sort_values(["device", "corr", "start"], kind="stable")
     dup = key.duplicated(["device", "corr"], keep="first").to_numpy() & (key["corr"].to_numpy() >= 0)
