@@ -28,7 +28,7 @@ from diagnose.analyzers.phases import (
 from diagnose.analyzers.timeline import analyze_gaps, gap_distribution
 from diagnose.errors import DiagnoseError
 from diagnose.hardware import peak_from_overrides
-from diagnose.trace.model import NO_TIME, QualityIssue, Trace
+from diagnose.trace.model import NO_TIME, QualityIssue, Trace, factorize
 
 SCHEMA_VERSION = 1
 
@@ -160,7 +160,7 @@ def _phase_findings(name: str, device: int | None, sub: pd.DataFrame, n_steps: i
     )
     dur = (sub["end_ns"] - sub["start_ns"]).to_numpy()
     cats = sub["category"].to_numpy()
-    codes, uniques = pd.factorize(cats)
+    codes, uniques = factorize(cats)
     by_cat = dict(zip(uniques, np.bincount(codes, weights=dur, minlength=len(uniques)))) if len(cats) else {}
     categories_ms = {c: round(float(by_cat[c]) / 1e6, 6) for c in CATEGORIES if c in by_cat}
     is_kernel = (sub["kind"] == "kernel").to_numpy()
@@ -168,8 +168,15 @@ def _phase_findings(name: str, device: int | None, sub: pd.DataFrame, n_steps: i
     attn_ns = int(dur[is_kernel & (cats == "attention")].sum())
     top = []
     if is_kernel.any():
-        kk = sub[is_kernel].assign(dur_ns=dur[is_kernel])
-        agg = kk.groupby("name", sort=False).agg(total_ns=("dur_ns", "sum"), count=("dur_ns", "size"), category=("category", "first"))
+        # per kernel name, in first-seen order (as groupby(sort=False)); sums exact in float64 below 2**53 ns
+        codes, knames = factorize(sub["name"].to_numpy(dtype=object)[is_kernel])
+        first = np.full(len(knames), len(codes), dtype=np.int64)
+        np.minimum.at(first, codes, np.arange(len(codes)))
+        agg = pd.DataFrame(
+            {"total_ns": np.bincount(codes, weights=dur[is_kernel], minlength=len(knames)).astype(np.int64),
+             "count": np.bincount(codes, minlength=len(knames)),
+             "category": cats[is_kernel][first]},
+            index=pd.Index(knames, dtype=object))
         for kname, r in agg.sort_values("total_ns", ascending=False).head(10).iterrows():
             top.append(
                 {"name": kname[:200], "category": r["category"], "count": int(r["count"]),

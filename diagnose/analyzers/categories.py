@@ -13,6 +13,7 @@ from importlib import resources
 import numpy as np
 import pandas as pd
 
+from diagnose.trace.model import factorize
 from diagnose.yamlio import load_yaml
 
 CATEGORIES = (
@@ -113,7 +114,7 @@ def categorize(gpu: pd.DataFrame) -> np.ndarray:
         numpy object array of category strings, aligned with ``gpu``.
     """
     kinds = gpu["kind"].to_numpy(dtype=object)
-    codes, names = pd.factorize(gpu["name"].to_numpy(dtype=object))
+    codes, names = factorize(gpu["name"])
     by_name = np.array([classify_kernel(n) for n in names], dtype=object)  # once per distinct name
     out = by_name[codes] if len(gpu) else np.empty(0, dtype=object)
     not_kernel = kinds != "kernel"

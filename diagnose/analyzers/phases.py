@@ -23,7 +23,7 @@ import pandas as pd
 
 from diagnose.errors import DiagnoseError
 from diagnose.trace.kineto import parse_input_dims
-from diagnose.trace.model import NO_TIME, Trace
+from diagnose.trace.model import NO_TIME, Trace, factorize
 from diagnose.yamlio import load_yaml
 
 PHASES = ("prefill", "decode", "mixed")
@@ -134,7 +134,7 @@ def find_steps(trace: Trace, extra: list[Grammar] | None = None) -> pd.DataFrame
         if len(sub) == 0:
             continue
         # match each distinct name once (nsys exports carry millions of repeated NVTX names)
-        codes, uniques = pd.factorize(sub["name"], sort=False)
+        codes, uniques = factorize(sub["name"])
         matched = [match_marker(str(u), grammars) for u in uniques]
         hit = np.array([m is not None for m in matched], dtype=bool)
         if not hit.any():
@@ -271,7 +271,7 @@ def steps_from_shapes(trace: Trace) -> pd.DataFrame:
     windows = []
     if len(ann):
         cpu = ann[ann["scope"] == "cpu"]
-        codes, uniques = pd.factorize(cpu["name"], sort=False)
+        codes, uniques = factorize(cpu["name"])
         is_ps = np.array([str(u).startswith("ProfilerStep#") for u in uniques], dtype=bool)
         ps = cpu[is_ps[codes]] if len(uniques) else cpu
         windows = [(n, int(s), int(e)) for n, s, e in zip(ps["name"], ps["start_ns"], ps["end_ns"])]

@@ -556,7 +556,7 @@ def _concat(parts: list[dict]) -> dict:
     return out
 
 
-def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False, progress=None,
+def load_kineto(path: str, buf: bytes | bytearray | None = None, lenient: bool = False, progress=None,
                 gz_cut: str | None = None) -> Trace:
     """Load a Kineto JSON trace into the normalized :class:`Trace`.
 
@@ -580,6 +580,8 @@ def load_kineto(path: str, buf: bytes | None = None, lenient: bool = False, prog
         trace = _load_chunked(path, buf, progress)
         if trace is not None:
             return trace
+    if isinstance(buf, bytearray):  # a large gunzip (reading._gunzip_isal): the paths below want bytes
+        buf = bytes(buf)
     fast, strict = None, False
     if not gz_cut and buf[:64].lstrip()[:1] == b"{":
         for dec, strict in ((_strict_doc_dec, True), (_doc_dec, False)):

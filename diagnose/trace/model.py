@@ -21,7 +21,8 @@ Column contracts (pandas DataFrames, one row per event):
     demand with ``diagnose.trace.kineto.parse_input_dims``; None when not recorded).
 
 ``annotations`` — user ranges, used for phases and steps, never counted as GPU busy time:
-    name (str), scope (str: "cpu" | "gpu"), device (int64, -1 for CPU ranges),
+    name (categorical of str: nsys exports hold millions of ranges with a few hundred
+    names), scope (categorical: "cpu" | "gpu"), device (int64, -1 for CPU ranges),
     start_ns, end_ns (int64), pid (int64), tid (int64).
 
 ``gpu_syncs`` — ``cuda_sync`` events shown on a GPU stream (waits, event syncs); used to
@@ -67,8 +68,8 @@ CPU_OP_COLUMNS = {
     "input_types": "object",
 }
 ANNOTATION_COLUMNS = {
-    "name": "object",
-    "scope": "object",
+    "name": "category",
+    "scope": "category",
     "device": "int64",
     "start_ns": "int64",
     "end_ns": "int64",
@@ -82,6 +83,23 @@ SYNC_COLUMNS = {
     "start_ns": "int64",
     "end_ns": "int64",
 }
+
+
+def factorize(values: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, uniques) of a 1-D sequence of hashable values (names, categories): codes int64
+    into uniques, in first-seen order, like ``pd.factorize(values, sort=False)`` except that
+    None is a value like any other. 3-5x faster than ``pd.factorize`` on object arrays of
+    ``str`` (which first infers a string dtype for them). A categorical gives its own codes
+    and categories at no cost (categories' order; code -1 for a missing value).
+    """
+    if isinstance(getattr(values, "dtype", None), pd.CategoricalDtype):  # codes for free
+        cat = values.cat if isinstance(values, pd.Series) else values
+        return np.asarray(cat.codes, dtype=np.int64), np.asarray(cat.categories, dtype=object)
+    if isinstance(values, pd.Series):
+        values = values.to_numpy(dtype=object)
+    seen: dict[Any, int] = {}
+    codes = np.fromiter((seen.setdefault(v, len(seen)) for v in values), dtype=np.int64, count=len(values))
+    return codes, np.fromiter(seen, dtype=object, count=len(seen))
 
 
 def frame(columns: dict[str, str], data: dict[str, Any] | None = None) -> pd.DataFrame:
@@ -99,7 +117,9 @@ def frame(columns: dict[str, str], data: dict[str, Any] | None = None) -> pd.Dat
             out[c] = pd.Series([None] * n, dtype=object)  # optional column not provided
             continue
         v = data[c]
-        if t == "object":
+        if t == "category":
+            out[c] = v if isinstance(getattr(v, "dtype", None), pd.CategoricalDtype) else pd.Series(v, dtype="category")
+        elif t == "object":
             out[c] = pd.Series(v, dtype=object) if not isinstance(v, pd.Series) else v.astype(object)
         else:
             out[c] = np.asarray(v, dtype=t)

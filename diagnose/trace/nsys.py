@@ -75,9 +75,9 @@ from diagnose.trace.model import (
     SYNC_COLUMNS,
     DeviceInfo,
     Trace,
+    factorize,
     frame,
 )
-
 from diagnose.trace.reading import SQLITE_MAGIC as _SQLITE_MAGIC
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -683,7 +683,7 @@ def _frame_fast(columns: dict[str, str], data: dict[str, np.ndarray]) -> pd.Data
     only: the int64 columns are copied once into one 2-D block and the object columns inserted
     as they are, so pandas does not stack (and incref) the object arrays into a block."""
     ints = [c for c, t in columns.items() if t == "int64"]
-    if set(columns.values()) - {"int64", "object"} or not ints:
+    if set(columns.values()) - {"int64", "object", "category"} or not ints:
         return frame(columns, data)
     n = len(data[ints[0]])
     block = np.empty((len(ints), n), dtype=np.int64)
@@ -693,6 +693,9 @@ def _frame_fast(columns: dict[str, str], data: dict[str, np.ndarray]) -> pd.Data
     for pos, (c, t) in enumerate(columns.items()):
         if t == "object":
             df.insert(pos, c, pd.Series(data[c], dtype=object, copy=False))
+        elif t == "category":
+            v = data[c]
+            df.insert(pos, c, pd.Series(v, copy=False) if isinstance(v, pd.Categorical) else pd.Series(v, dtype="category"))
     return df
 
 
@@ -1124,11 +1127,13 @@ def _annotations(db: _Db, tables: list[str], trace: Trace, notes: _Notes) -> Non
         order = np.argsort(start, kind="stable")
         start, end, gtid, codes = start[order], end[order], gtid[order], codes[order]
     n = len(start)
+    # categorical straight from the codes: millions of ranges share a few hundred names
+    name_codes, distinct = factorize(np.array(["" if v is None else v for v in names.tolist()], dtype=object))
     trace.annotations = _frame_fast(
         ANNOTATION_COLUMNS,
         {
-            "name": names[codes],
-            "scope": _const(n, "cpu"),
+            "name": pd.Categorical.from_codes(name_codes[codes], dtype=pd.CategoricalDtype(pd.Index(distinct, dtype=object))),
+            "scope": pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), dtype=pd.CategoricalDtype(pd.Index(["cpu"], dtype=object))),
             "device": np.full(n, -1, dtype=np.int64),
             "start_ns": start,
             "end_ns": end,
