@@ -11,14 +11,15 @@ that one child) is per tool and per run:
   only, no analysis -- where DIR is a temporary directory holding a symlink to TRACE (HTA
   wants one directory of per-rank files). HTA's defaults (``ParserBackend.JSON``, ns rounding
   on).
-* ``floor``: gunzip (when gzipped) + ``msgspec.json.decode`` of the whole file into Python
-  objects -- the cost of just reading the JSON, which any tool pays.
+* ``floor``: stdlib gunzip (when gzipped) + a msgspec *typed* decode of every event's ``ph``,
+  ``cat``, ``name``, ``ts``, ``dur``, ``pid``, ``tid`` (args skipped) -- the floor of issue
+  "Scale": the cost of just reading the events, which any tool pays.
 * ``startup`` rows (once, not per trace): the same interpreter importing only what each
   tool needs (``STARTUP_MODULES``) -- the fixed cost inside every wall time above.
 
 Each child also reports its own in-process ``work`` time (after its imports), shown next to
 the wall time. Reported: median wall (and min-max over repeats), median work, max peak RSS,
-and the ratios HTA/diagnose (wall, work, RSS) and diagnose/floor (work).
+and the ratios HTA/diagnose (wall, work, RSS) and diagnose wall and work over the floor work.
 
 Usage::
 
@@ -82,11 +83,25 @@ assert ta.t.is_parsed and ta.t.traces, 'HTA parsed no rank'
 _done(t1)
 """
 
-CHILD_FLOOR = _PRELUDE + "import gzip, msgspec\nt1 = time.perf_counter()\n" + _POSTLUDE + """
+# The floor of issue "Scale": stdlib gunzip + a msgspec *typed* decode of every event into the
+# fields any trace tool must look at (phase, category, name, times, process/thread); args skipped.
+CHILD_FLOOR = _PRELUDE + """import gzip, msgspec
+class Event(msgspec.Struct, gc=False):
+    ph: str = ''
+    cat: str = ''
+    name: str = ''
+    ts: float = 0.0
+    dur: float = 0.0
+    pid: int | str = 0
+    tid: int | str = 0
+class Doc(msgspec.Struct, gc=False):
+    traceEvents: list[Event]
+t1 = time.perf_counter()
+""" + _POSTLUDE + """
 data = open(sys.argv[1], 'rb').read()
 if data[:2] == b'\\x1f\\x8b':
     data = gzip.decompress(data)
-doc = msgspec.json.decode(data)
+doc = msgspec.json.decode(data, type=Doc)
 _done(t1)
 """
 
@@ -201,15 +216,15 @@ STARTUP_MODULES = {
 LABELS = {
     "diagnose": "diagnose run --format json",
     "hta": "HTA TraceAnalysis load",
-    "floor": "floor: gunzip + msgspec decode",
+    "floor": "floor: gunzip + msgspec typed decode",
 }
 
 
-def bench(traces: list[Path], repeat: int) -> dict:
+def bench(traces: list[Path], repeat: int, hta: bool = True) -> dict:
     from importlib.util import find_spec
 
     py = sys.executable
-    hta = have_hta()
+    hta = hta and have_hta()
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine(),
@@ -291,8 +306,8 @@ def markdown(res: dict) -> str:
         lines.append(f"| *startup only* | | | `import {mods}` | {t['wall_s']:.2f} ({t['wall_min_s']:.2f}-{t['wall_max_s']:.2f}) | - | {t['maxrss_mib']:.0f} |")
     lines += [
         "",
-        "| trace | HTA / diagnose wall | HTA / diagnose work | HTA / diagnose peak RSS | diagnose / floor work |",
-        "|---|---:|---:|---:|---:|",
+        "| trace | HTA / diagnose wall | HTA / diagnose work | HTA / diagnose peak RSS | diagnose wall / floor work | diagnose work / floor work |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for r in res["traces"]:
         d, f = r["tools"]["diagnose"], r["tools"]["floor"]
@@ -300,8 +315,9 @@ def markdown(res: dict) -> str:
         hw = _ratio(h["wall_s"], d["wall_s"]) if h else "n/a"
         hm = _ratio(h["work_s"], d["work_s"]) if h else "n/a"
         hr = _ratio(h["maxrss_mib"], d["maxrss_mib"]) if h else "n/a"
-        fw = _ratio(d["work_s"], f["work_s"], "{:.1f}x")
-        lines.append(f"| `{Path(r['path']).name[:48]}` | {hw} | {hm} | {hr} | {fw} |")
+        fwall = _ratio(d["wall_s"], f["work_s"])
+        fw = _ratio(d["work_s"], f["work_s"])
+        lines.append(f"| `{Path(r['path']).name[:48]}` | {hw} | {hm} | {hr} | {fwall} | {fw} |")
     return "\n".join(lines)
 
 
@@ -310,15 +326,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("traces", nargs="+", type=Path, metavar="TRACE")
     ap.add_argument("--repeat", type=int, default=3, help="runs per tool and trace (median reported; default 3)")
     ap.add_argument("--json", type=Path, default=None, dest="json_out", help="also write all numbers here")
+    ap.add_argument("--no-hta", action="store_true", help="skip the HTA rows (e.g. for a 2 GB trace: HTA needs ~10x its size in RAM)")
     args = ap.parse_args(argv)
     for t in args.traces:
         if not t.is_file():
             ap.error(f"no such trace: {t}")
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
-    if not have_hta():
+    if not args.no_hta and not have_hta():
         print("note: traceinsight (HTA) not installed; HTA rows skipped. pip install traceinsight==0.6.1", file=sys.stderr)
-    res = bench(args.traces, args.repeat)
+    res = bench(args.traces, args.repeat, hta=not args.no_hta)
     print(markdown(res))
     if args.json_out:
         args.json_out.write_text(json.dumps(res, indent=2))

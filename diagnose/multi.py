@@ -180,7 +180,8 @@ def analyze_one(path: str, options: Any = None, lenient: bool = False) -> dict[s
 
     name_rank = rank_from_name(path)
     try:
-        analysis = run_analysis(path, options=options, lenient=lenient)
+        # one process per trace: the fleet is already parallel across traces
+        analysis = run_analysis(path, options=options, lenient=lenient, workers=1)
         attach_verdicts(analysis)
         report = analysis.to_dict()
         rank, world = _trace_rank(analysis.metadata)

@@ -28,7 +28,7 @@ def input_size(path: str) -> int:
 
 def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options | None = None, lenient: bool = False,
                  show_progress: bool = False, window: str | None = None, device: int | None = None,
-                 prefetch: Prefetch | None = None) -> Analysis:
+                 prefetch: Prefetch | None = None, workers: int | None = None) -> Analysis:
     """Load ``path`` and run every analyzer.
 
     Args:
@@ -40,6 +40,7 @@ def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options 
         show_progress: draw a progress bar on stderr (when it is a terminal) for inputs over
             100 MB (uncompressed).
         prefetch: a :class:`~diagnose.trace.reading.Prefetch` already reading ``path``.
+        workers: processes for decoding a large Kineto file (None: one per CPU, up to 4).
 
     Raises:
         DiagnoseError: unusable input or options.
@@ -48,7 +49,7 @@ def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options 
     window_ms = parse_window(window)
 
     def load(progress=None):
-        trace = load_trace(path, lenient=lenient, progress=progress, prefetch=prefetch)
+        trace = load_trace(path, lenient=lenient, progress=progress, prefetch=prefetch, workers=workers)
         if window_ms is not None or device is not None:
             slice_trace(trace, window_ms, device)
         return trace
@@ -63,15 +64,17 @@ def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options 
         return analyze(load(), opts)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # auto_refresh off: no refresh thread, so the loader may fork decoding workers (it never
+    # forks while other threads run); the bar is redrawn on each progress call instead
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
+                  TimeElapsedColumn(), console=console, transient=True, auto_refresh=False) as bar:
         task = bar.add_task(f"reading {os.path.basename(path)} ({size / 1e6:,.0f} MB)", total=1.0)
 
         def progress(done: int, total: int) -> None:
-            bar.update(task, completed=0.9 * done / max(total, 1))
+            bar.update(task, completed=0.9 * done / max(total, 1), refresh=True)
 
         trace = load(progress)
-        bar.update(task, completed=0.9, description="analysing")
+        bar.update(task, completed=0.9, description="analysing", refresh=True)
         result = analyze(trace, opts)
         bar.update(task, completed=1.0)
     return result

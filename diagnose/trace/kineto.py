@@ -27,6 +27,7 @@ import select
 import signal
 import struct
 import sys
+import threading
 from typing import Any, NamedTuple, Union
 
 import msgspec
@@ -557,7 +558,7 @@ def _concat(parts: list[dict]) -> dict:
 
 
 def load_kineto(path: str, buf: bytes | bytearray | None = None, lenient: bool = False, progress=None,
-                gz_cut: str | None = None) -> Trace:
+                gz_cut: str | None = None, workers: int | None = None) -> Trace:
     """Load a Kineto JSON trace into the normalized :class:`Trace`.
 
     Args:
@@ -566,6 +567,8 @@ def load_kineto(path: str, buf: bytes | bytearray | None = None, lenient: bool =
             the description of a gzip stream cut short, from ``read_bytes_partial``).
         lenient: repair numbers written with a decimal comma (a locale bug) instead of failing.
         progress: optional callback ``progress(done_bytes, total_bytes)`` for large inputs.
+        workers: processes decoding a large file (>= 64 MiB) in parallel; None:
+            :func:`workers_default`; 1: this process only.
 
     Returns:
         Trace with int64-ns frames; data-quality notes in ``trace.quality``.
@@ -577,7 +580,7 @@ def load_kineto(path: str, buf: bytes | bytearray | None = None, lenient: bool =
     if buf is None:
         buf, gz_cut = read_bytes_partial(path)
     if not gz_cut and len(buf) >= CHUNKED_MIN_BYTES and buf[:64].lstrip()[:1] == b"{":
-        trace = _load_chunked(path, buf, progress)
+        trace = _load_chunked(path, buf, progress, workers)
         if trace is not None:
             return trace
     if isinstance(buf, bytearray):  # a large gunzip (reading._gunzip_isal): the paths below want bytes
@@ -868,13 +871,14 @@ def _rss_bytes() -> int:
 
 
 def workers_default() -> int:
-    """Processes for one large Kineto file: the CPUs this process may use, at most 4, when
-    ``os.fork`` is available (Linux); else 1. ``DIAGNOSE_WORKERS`` overrides."""
+    """Processes for one large Kineto file: the CPUs this process may use, at most 4, on Linux
+    in a single-threaded process (forking while other threads run could copy a lock they
+    hold); else 1. ``DIAGNOSE_WORKERS`` overrides the count, not the single-thread rule."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork") or threading.active_count() > 1:
+        return 1
     env = os.environ.get("DIAGNOSE_WORKERS", "")
     if env.isdigit() and int(env) >= 1:
         return int(env)
-    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
-        return 1
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -1002,6 +1006,8 @@ def _load_chunked(path: str, buf: bytes, progress=None, workers: int | None = No
     base_ns = _base_ns(metadata)
     slices = _slices(src, lb, rb)
     n_workers = max(1, min(workers or workers_default(), len(slices)))
+    if n_workers > 1 and threading.active_count() > 1:
+        n_workers = 1  # never fork while other threads run
     total = rb - lb
 
     def report(done: int, _total: int = 0) -> None:

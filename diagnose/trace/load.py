@@ -6,7 +6,8 @@ from diagnose.trace.normalize import normalize
 from diagnose.trace.reading import Prefetch, sniff
 
 
-def load_trace(path: str, lenient: bool = False, progress=None, prefetch: Prefetch | None = None) -> Trace:
+def load_trace(path: str, lenient: bool = False, progress=None, prefetch: Prefetch | None = None,
+               workers: int | None = None) -> Trace:
     """Load ``path`` into a :class:`Trace`, choosing the loader from the file's first bytes,
     then apply the shared normalization (:mod:`diagnose.trace.normalize`).
 
@@ -16,6 +17,8 @@ def load_trace(path: str, lenient: bool = False, progress=None, prefetch: Prefet
         progress: optional ``progress(done, total)`` callback (large Kineto files).
         prefetch: a :class:`~diagnose.trace.reading.Prefetch` of ``path`` already reading it
             (Kineto only; ignored otherwise).
+        workers: Kineto only: processes decoding a large file (see
+            :func:`diagnose.trace.kineto.workers_default`); 1 for this process only.
 
     Raises:
         TraceFormatError: the file is missing, unreadable, or in no supported format.
@@ -33,5 +36,5 @@ def load_trace(path: str, lenient: bool = False, progress=None, prefetch: Prefet
         from diagnose.trace.kineto import load_kineto
 
         buf, cut = prefetch.result() if prefetch is not None else (None, None)
-        trace = load_kineto(path, buf=buf, lenient=lenient, progress=progress, gz_cut=cut)
+        trace = load_kineto(path, buf=buf, lenient=lenient, progress=progress, gz_cut=cut, workers=workers)
     return normalize(trace)
