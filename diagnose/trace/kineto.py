@@ -111,18 +111,10 @@ _any_dec = msgspec.json.Decoder()
 
 
 class _Doc(msgspec.Struct, gc=False):
-    """One-pass decode of a well-formed Kineto document: events plus the metadata keys the
-    analysis reads. Anything odd falls back to the robust path (:func:`_split_top`)."""
+    """One-pass decode of a well-formed Kineto document's events (its other keys are read by
+    :func:`_top_metadata`). Anything odd falls back to the robust path (:func:`_split_top`)."""
 
     traceEvents: list[_Event]
-    schemaVersion: Any = None
-    deviceProperties: Any = None
-    distributedInfo: Any = None
-    baseTimeNanoseconds: Any = None
-    displayTimeUnit: Any = None
-    traceName: Any = None
-    diagnose: Any = None  # this project's collector metadata (add_metadata_json)
-    metadata: Any = None  # TraceLens/vLLM-style extra object
 
 
 _doc_dec = msgspec.json.Decoder(_Doc)
@@ -385,9 +377,7 @@ _StrictEvent = Union[(_StrictX,) + tuple(
     for i, ph in enumerate(_PHASES) if ph != "X")]
 _strict_list_dec = msgspec.json.Decoder(list[_StrictEvent])
 _loose_list_dec = msgspec.json.Decoder(list[_Event])
-_StrictDoc = msgspec.defstruct(
-    "_StrictDoc", [("traceEvents", list[_StrictEvent])] + [(f, Any, None) for f in _Doc.__struct_fields__ if f != "traceEvents"],
-    gc=False)
+_StrictDoc = msgspec.defstruct("_StrictDoc", [("traceEvents", list[_StrictEvent])], gc=False)
 _strict_doc_dec = msgspec.json.Decoder(_StrictDoc)
 
 
@@ -404,28 +394,32 @@ def _decode_slice(data: bytes) -> tuple[list, bool]:
 
 
 def _group(events: list, strict: bool) -> dict[str, list]:
-    """Complete ("X") events grouped by bucket (see _CAT_BUCKET); other events are dropped."""
-    by_cat: dict[str, list] = {}
+    """Complete ("X") events by bucket (see _CAT_BUCKET), each bucket in file order (so that
+    slicing a document never changes row order); other events are dropped."""
+    out: dict[str, list] = {k: [] for k in _BUCKETS}
+    lists: dict[str, list | None] = {}  # category -> its bucket's list (None: not needed)
     if strict:
         for e in events:
             if type(e) is _StrictX:
-                lst = by_cat.get(e.cat)
-                if lst is None:
-                    by_cat[e.cat] = lst = []
-                lst.append(e)
+                lst = lists.get(e.cat, False)
+                if lst is False:
+                    lst = lists[e.cat] = _bucket_list(out, e.cat)
+                if lst is not None:
+                    lst.append(e)
     else:
         for e in events:
             if e.ph == "X":
-                lst = by_cat.get(e.cat)
-                if lst is None:
-                    by_cat[e.cat] = lst = []
-                lst.append(e)
-    out: dict[str, list] = {k: [] for k in _BUCKETS}
-    for cat, lst in by_cat.items():
-        k = _CAT_BUCKET.get(str(cat).lower())
-        if k:
-            out[k] = lst if not out[k] else out[k] + lst
+                lst = lists.get(e.cat, False)
+                if lst is False:
+                    lst = lists[e.cat] = _bucket_list(out, e.cat)
+                if lst is not None:
+                    lst.append(e)
     return out
+
+
+def _bucket_list(out: dict[str, list], cat: Any) -> list | None:
+    k = _CAT_BUCKET.get(str(cat).lower())
+    return out[k] if k else None
 
 
 _get_args = operator.attrgetter("args")
@@ -597,22 +591,16 @@ def load_kineto(path: str, buf: bytes | bytearray | None = None, lenient: bool =
                 break
     if fast is not None:
         events, n = fast.traceEvents, len(buf)
-        meta = {f: getattr(fast, f) for f in _META_FIELDS if getattr(fast, f) is not None}
-        del fast, buf  # never hold the document and its decoded events longer than needed
+        del fast
+        meta = _top_metadata(buf)
+        del buf  # never hold the document and its decoded events longer than needed
         return _build(path, events, meta, legacy=False, repairs=[], buf_len=n, gz_cut=None, strict=strict)
     top, legacy, buf, repairs = _split_top(path, buf, lenient)
     if "traceEvents" not in top:
         raise TraceFormatError(
             f"{path}: JSON without 'traceEvents' — not a Kineto/Chrome trace"
         )
-    metadata: dict[str, Any] = {}
-    for k, v in top.items():
-        if k == "traceEvents":
-            continue
-        try:
-            metadata[k] = _any_dec.decode(v)
-        except (msgspec.DecodeError, UnicodeDecodeError):
-            metadata[k] = None
+    metadata = _decode_values(top)
     events = _decode_events(path, top.pop("traceEvents"), repairs)
     buf_len = len(buf)
     del top, buf  # the decoded events are all we keep: never hold two copies of the document
@@ -621,7 +609,6 @@ def load_kineto(path: str, buf: bytes | bytearray | None = None, lenient: bool =
     return _build(path, events, metadata, legacy, repairs, buf_len, gz_cut)
 
 
-_META_FIELDS = tuple(f for f in _Doc.__struct_fields__ if f != "traceEvents")
 
 
 _TEXT = ("name", "kind", "api_kind", "scope")
@@ -776,6 +763,28 @@ class _ChunkFailed(Exception):
     pass
 
 
+_any_top_dec = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def _decode_values(top: dict[str, msgspec.Raw]) -> dict[str, Any]:
+    """Top-level keys (but ``traceEvents``) decoded; a value that does not decode is None."""
+    out: dict[str, Any] = {}
+    for k, v in top.items():
+        if k == "traceEvents":
+            continue
+        try:
+            out[k] = _any_dec.decode(v)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            out[k] = None
+    return out
+
+
+def _top_metadata(buf: bytes | bytearray) -> dict[str, Any]:
+    """Every top-level key but ``traceEvents`` of a valid document (the same on every path)."""
+    located = _locate_events(buf)
+    return _decode_values(located[0] if located is not None else _any_top_dec.decode(buf))
+
+
 def _locate_events(buf: bytes) -> tuple[dict[str, msgspec.Raw], int, int] | None:
     """Find the ``traceEvents`` array without parsing it: (other top-level keys as raw JSON,
     index of its ``[``, index of its ``]``). The keys before and after the array are parsed
@@ -794,26 +803,33 @@ def _locate_events(buf: bytes) -> tuple[dict[str, msgspec.Raw], int, int] | None
             return None
     except (msgspec.DecodeError, UnicodeDecodeError):
         return None
+    # The array's "]" is the earliest "]" near the end after which the rest of the document
+    # is a valid end of the object ("}" or more keys). A "]" inside the array leaves an
+    # unbalanced rest, so it never qualifies; later ones (lists in keys written after the
+    # events, e.g. deviceProperties) qualify too, hence "earliest": scan back a bounded way.
     lb, pos = m.end() - 1, len(buf)
-    for _ in range(16):
+    found: tuple[int, dict[str, msgspec.Raw]] | None = None
+    for _ in range(_TAIL_CANDIDATES):
         rb = buf.rfind(b"]", lb, pos)
-        if rb < 0 or len(buf) - rb > 2**20:
-            return None
+        if rb < 0 or len(buf) - rb > _TAIL_MAX_BYTES:
+            break
+        pos = rb
         rest = buf[rb + 1:].strip()
         if rest == b"}":
-            return top, lb, rb
-        if rest.startswith(b","):
+            found = (rb, {})
+        elif rest.startswith(b","):
             try:
-                tail = msgspec.json.decode(b"{" + rest[1:], type=dict[str, msgspec.Raw])
+                found = (rb, msgspec.json.decode(b"{" + rest[1:], type=dict[str, msgspec.Raw]))
             except (msgspec.DecodeError, UnicodeDecodeError):
-                pos = rb
                 continue
-            if "traceEvents" in tail:
-                return None
-            top.update(tail)
-            return top, lb, rb
-        pos = rb
-    return None
+    if found is None or "traceEvents" in found[1]:
+        return None
+    top.update(found[1])
+    return top, lb, found[0]
+
+
+_TAIL_CANDIDATES = 64
+_TAIL_MAX_BYTES = 2**20
 
 
 def _slices(buf: memoryview, lb: int, rb: int) -> list[tuple[int, int]]:
@@ -895,7 +911,12 @@ def _fork_decode(src: memoryview, slices: list[tuple[int, int]], base_ns: int, d
         OSError: fork or pipe failed.
     """
     r, w = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        raise
     if pid == 0:  # child: never returns, exits without freeing what it decoded
         code = 1
         try:
@@ -980,7 +1001,7 @@ def _load_chunked(path: str, buf: bytes, progress=None, workers: int | None = No
     located = _locate_events(buf)
     if located is None:
         try:
-            top = msgspec.json.decode(buf, type=dict[str, msgspec.Raw])
+            top = _any_top_dec.decode(buf)
         except (msgspec.DecodeError, UnicodeDecodeError):
             return None
         raw_events = top.pop("traceEvents", None)
@@ -996,12 +1017,7 @@ def _load_chunked(path: str, buf: bytes, progress=None, workers: int | None = No
     else:
         top, lb, rb = located
         src = memoryview(buf)
-    metadata: dict[str, Any] = {}
-    for k, v in top.items():
-        try:
-            metadata[k] = _any_dec.decode(v)
-        except (msgspec.DecodeError, UnicodeDecodeError):
-            metadata[k] = None
+    metadata = _decode_values(top)
     del top
     base_ns = _base_ns(metadata)
     slices = _slices(src, lb, rb)
