@@ -511,7 +511,7 @@ ODD_EXPECTED = {
 
 @pytest.mark.parametrize("case", sorted(ODD_EXPECTED))
 def test_odd_inputs_same_on_every_path_and_buffer_type(kineto, monkeypatch, fork_allowed, case):
-    """bytes or bytearray (large gunzipped files come back as bytearray), whole-document or
+    """bytes or bytearray (load_kineto accepts both from callers), whole-document or
     forced chunking on 1 or 2 workers: one result, or one error."""
     buf = _odd_inputs(kineto)[case]
 

@@ -577,7 +577,7 @@ def load_kineto(path: str, buf: bytes | bytearray | None = None, lenient: bool =
         trace = _load_chunked(path, buf, progress, workers)
         if trace is not None:
             return trace
-    if isinstance(buf, bytearray):  # a large gunzip (reading._gunzip_isal): the paths below want bytes
+    if isinstance(buf, bytearray):  # from a caller: the paths below want bytes
         buf = bytes(buf)
     fast, strict = None, False
     if not gz_cut and buf[:64].lstrip()[:1] == b"{":

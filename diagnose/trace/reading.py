@@ -18,8 +18,6 @@ try:  # ISA-L: the same inflate, ~1.7x faster than zlib (see pyproject); stdlib 
 except ImportError:  # pragma: no cover
     isal_zlib = None
 
-BYTEARRAY_MIN = 64 * 2**20
-
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
@@ -60,43 +58,27 @@ def read_bytes(path: str) -> bytes:
     return data
 
 
-_STEP = 2**20
-
-
-def _gunzip_isal(raw: bytes) -> bytearray | bytes | None:
-    """Gunzip a whole, valid stream (all members) with ISA-L into one buffer sized from the
-    gzip trailer (ISIZE), so the output is never copied while it grows: ~1.4x faster than
-    ``gzip.decompress`` on a 2 GB trace and half its peak memory. Small outputs come back as
-    ``bytes``, large ones (>= 64 MiB) as ``bytearray`` (loaders accept both). None when ISA-L
-    is missing or the stream is cut or corrupt (the stdlib path then says which)."""
-    if isal_zlib is None or len(raw) < 18:
+def _gunzip_isal(raw: bytes) -> bytes | None:
+    """Gunzip a whole, valid stream (every member) with ISA-L: one inflate call per member,
+    whose output buffer grows in place (2 GB: 2.5 s and output + input in memory, against
+    6.5 s and twice the output for ``gzip.decompress``). None when ISA-L is missing or the
+    stream is cut or corrupt (the stdlib path then says which)."""
+    if isal_zlib is None:
         return None
+    parts: list[bytes] = []
+    rest = raw
     try:
-        # ISIZE: exact for one member < 4 GiB; not trusted beyond 64x the compressed size
-        # (trace JSON compresses ~12x; a cut stream ends in arbitrary bytes)
-        isize = int.from_bytes(raw[-4:], "little")
-        out = bytearray(isize if isize <= 64 * len(raw) else 16 * len(raw))
-        pos = ip = 0
-        mv = memoryview(raw)
-        d, fed = isal_zlib.decompressobj(31), False
-        while ip < len(mv):
-            piece = mv[ip:ip + _STEP]
-            ip += len(piece)
-            chunk = d.decompress(piece)
-            fed = True
-            out[pos:pos + len(chunk)] = chunk
-            pos += len(chunk)
-            if d.eof:  # end of a member: another may follow, or zero padding
-                ip -= len(d.unused_data)
-                d, fed = isal_zlib.decompressobj(31), False
-                if len(mv) - ip < _STEP and not any(mv[ip:]):
-                    break
-        if fed:  # the last member has no end: cut short
-            return None
-        del out[pos:]
+        while True:
+            d = isal_zlib.decompressobj(31)
+            parts.append(d.decompress(rest))
+            if not d.eof:  # cut short
+                return None
+            rest = d.unused_data
+            if not rest or (len(rest) < 2**20 and not any(rest)):  # end, or zero padding
+                break
     except Exception:  # noqa: BLE001 - corrupt: classified by the stdlib path
         return None
-    return out if pos >= BYTEARRAY_MIN else bytes(out)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def read_bytes_partial(path: str) -> tuple[bytes, str | None]:
