@@ -15,7 +15,7 @@ import pandas as pd
 from diagnose import accounting
 from diagnose.accounting import ModelSpec
 from diagnose.analyzers.attainment import AttainmentInputs, phase_attainment, step_shape_flops
-from diagnose.analyzers.categories import CATEGORIES, categorize
+from diagnose.analyzers.categories import CATEGORIES, CATEGORY_NAMES, category_ids
 from diagnose.analyzers.latency import LatencyFindings, latency_findings, step_table
 from diagnose.analyzers.phases import (
     _backward_starts,
@@ -159,24 +159,25 @@ def _phase_findings(name: str, device: int | None, sub: pd.DataFrame, n_steps: i
         sub["name"].to_numpy(),
     )
     dur = (sub["end_ns"] - sub["start_ns"]).to_numpy()
-    cats = sub["category"].to_numpy()
-    codes, uniques = factorize(cats)
-    by_cat = dict(zip(uniques, np.bincount(codes, weights=dur, minlength=len(uniques)))) if len(cats) else {}
-    categories_ms = {c: round(float(by_cat[c]) / 1e6, 6) for c in CATEGORIES if c in by_cat}
+    cat_id = sub["category_id"].to_numpy()
+    # per category: sums exact in float64 below 2**53 ns (104 days)
+    per_cat = np.bincount(cat_id, weights=dur, minlength=len(CATEGORIES))
+    present = np.bincount(cat_id, minlength=len(CATEGORIES)) > 0
+    categories_ms = {c: round(float(per_cat[i]) / 1e6, 6) for i, c in enumerate(CATEGORIES) if present[i]}
     is_kernel = (sub["kind"] == "kernel").to_numpy()
     kernel_ns = int(dur[is_kernel].sum())
-    attn_ns = int(dur[is_kernel & (cats == "attention")].sum())
+    attn_ns = int(dur[is_kernel & (cat_id == CATEGORIES.index("attention"))].sum())
     top = []
     if is_kernel.any():
-        # per kernel name, in first-seen order (as groupby(sort=False)); sums exact in float64 below 2**53 ns
-        codes, knames = factorize(sub["name"].to_numpy(dtype=object)[is_kernel])
-        first = np.full(len(knames), len(codes), dtype=np.int64)
+        # per kernel name, in first-seen order (as groupby(sort=False))
+        codes, _ = pd.factorize(sub["name_id"].to_numpy()[is_kernel], sort=False)
+        first = np.full(codes.max() + 1, len(codes), dtype=np.int64)
         np.minimum.at(first, codes, np.arange(len(codes)))
         agg = pd.DataFrame(
-            {"total_ns": np.bincount(codes, weights=dur[is_kernel], minlength=len(knames)).astype(np.int64),
-             "count": np.bincount(codes, minlength=len(knames)),
-             "category": cats[is_kernel][first]},
-            index=pd.Index(knames, dtype=object))
+            {"total_ns": np.bincount(codes, weights=dur[is_kernel]).astype(np.int64),
+             "count": np.bincount(codes),
+             "category": sub["category"].to_numpy()[is_kernel][first]},
+            index=pd.Index(sub["name"].to_numpy(dtype=object)[is_kernel][first], dtype=object))
         for kname, r in agg.sort_values("total_ns", ascending=False).head(10).iterrows():
             top.append(
                 {"name": kname[:200], "category": r["category"], "count": int(r["count"]),
@@ -235,8 +236,12 @@ def analyze(trace: Trace, options: Options | None = None) -> Analysis:
     gpu = trace.gpu
     launches = link_launches(trace)
     step_idx = assign_steps(trace, steps, launches)
+    name_id, names = factorize(gpu["name"])
+    category_id = category_ids(gpu, name_id, names)
     g = gpu.assign(
-        category=categorize(gpu),
+        category=CATEGORY_NAMES[category_id],
+        category_id=category_id,
+        name_id=name_id,
         launch_end_ns=launches["launch_end_ns"].to_numpy(),
         launch_start_ns=launches["launch_start_ns"].to_numpy(),
         launch_kind=launches["launch_kind"].to_numpy(),

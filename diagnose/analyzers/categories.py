@@ -113,10 +113,26 @@ def categorize(gpu: pd.DataFrame) -> np.ndarray:
     Returns:
         numpy object array of category strings, aligned with ``gpu``.
     """
+    return CATEGORY_NAMES[category_ids(gpu)]
+
+
+CATEGORY_NAMES = np.array(CATEGORIES, dtype=object)
+_CATEGORY_ID = {c: i for i, c in enumerate(CATEGORIES)}
+
+
+def category_ids(gpu: pd.DataFrame, name_codes: np.ndarray | None = None, names: np.ndarray | None = None) -> np.ndarray:
+    """Category per row of a ``gpu`` frame as an index into :data:`CATEGORIES` (int8).
+
+    Args:
+        gpu: frame with ``kind`` and ``name``.
+        name_codes, names: ``factorize(gpu["name"])`` when the caller has it (classification
+            runs once per distinct name either way).
+    """
+    if name_codes is None or names is None:
+        name_codes, names = factorize(gpu["name"])
+    by_name = np.array([_CATEGORY_ID[classify_kernel(n)] for n in names], dtype=np.int8)
+    out = by_name[name_codes] if len(gpu) else np.empty(0, dtype=np.int8)
     kinds = gpu["kind"].to_numpy(dtype=object)
-    codes, names = factorize(gpu["name"])
-    by_name = np.array([classify_kernel(n) for n in names], dtype=object)  # once per distinct name
-    out = by_name[codes] if len(gpu) else np.empty(0, dtype=object)
-    not_kernel = kinds != "kernel"
-    out[not_kernel] = kinds[not_kernel]
+    for kind in ("memcpy", "memset"):
+        out[kinds == kind] = _CATEGORY_ID[kind]
     return out
