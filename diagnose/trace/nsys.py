@@ -35,13 +35,13 @@ says which encoding was used ("correlationId" or "pid<<32|correlationId").
 Bulk loads select only the needed columns (the kernel name id is chosen in SQL) and come in
 one of two ways, with the same result (``metadata["nsys"]["reader"]`` says which was used):
 
-* ``"adbc"`` (the default when ``adbc-driver-sqlite`` is installed): columnar reads through
+* ``"adbc"`` (the default: ``adbc-driver-sqlite`` is a dependency): columnar reads through
   ADBC into Arrow, then numpy without per-row Python; tables over ``SPLIT_ROWS`` rows are
   read in rowid ranges on parallel read-only connections (the driver releases the GIL).
   The driver infers column types from the data, so a query whose columns do not come back
   as int64 without NULLs (or strings for NVTX text) is redone with sqlite3 and listed in
   ``metadata["nsys"]["reader_fallbacks"]``.
-* ``"sqlite3"`` (the fallback without the package, or ``DIAGNOSE_NSYS_READER=sqlite3``):
+* ``"sqlite3"`` (the fallback when the package does not import, or ``DIAGNOSE_NSYS_READER=sqlite3``):
   ``pandas.read_sql`` in chunks of ``CHUNK_ROWS`` rows.
 
 Either way the input is opened read-only (``file:...?mode=ro``), rows are read in rowid
@@ -678,25 +678,22 @@ class _Strings:
         return _Strings(self.ids, np.array([fn(v) for v in self.values.tolist()], dtype=object))
 
 
-def _frame_fast(columns: dict[str, str], data: dict[str, np.ndarray]) -> pd.DataFrame:
-    """What :func:`diagnose.trace.model.frame` builds, for big frames of object and int64 columns
-    only: the int64 columns are copied once into one 2-D block and the object columns inserted
-    as they are, so pandas does not stack (and incref) the object arrays into a block."""
-    ints = [c for c, t in columns.items() if t == "int64"]
-    if set(columns.values()) - {"int64", "object", "category"} or not ints:
+def _frame_fast(columns: dict[str, str], data: dict[str, Any]) -> pd.DataFrame:
+    """What :func:`diagnose.trace.model.frame` builds, for big frames of int64, object and
+    categorical columns: every array becomes its own block as it is (no copy, no stacking of
+    the int64 columns into one block, no incref of object arrays): 13.5 M NVTX rows in ms."""
+    if set(columns.values()) - {"int64", "object", "category"}:
         return frame(columns, data)
-    n = len(data[ints[0]])
-    block = np.empty((len(ints), n), dtype=np.int64)
-    for i, c in enumerate(ints):
-        block[i] = data[c]
-    df = pd.DataFrame(block.T, columns=ints, copy=False)
-    for pos, (c, t) in enumerate(columns.items()):
-        if t == "object":
-            df.insert(pos, c, pd.Series(data[c], dtype=object, copy=False))
+    cols: dict[str, Any] = {}
+    for c, t in columns.items():
+        v = data[c]
+        if t == "int64":
+            cols[c] = np.asarray(v, dtype=np.int64)
         elif t == "category":
-            v = data[c]
-            df.insert(pos, c, pd.Series(v, copy=False) if isinstance(v, pd.Categorical) else pd.Series(v, dtype="category"))
-    return df
+            cols[c] = v if isinstance(v, pd.Categorical) else pd.Categorical(v)
+        else:
+            cols[c] = pd.Series(v, dtype=object, copy=False)
+    return pd.DataFrame(cols, copy=False)
 
 
 def _const(n: int, value: Any) -> np.ndarray:
