@@ -238,18 +238,19 @@ def analyze(trace: Trace, options: Options | None = None) -> Analysis:
     step_idx = assign_steps(trace, steps, launches)
     name_id, names = factorize(gpu["name"])
     category_id = category_ids(gpu, name_id, names)
-    g = gpu.assign(
-        category=CATEGORY_NAMES[category_id],
+    g = gpu.assign(  # object columns stay object (no per-row conversion to a string dtype)
+        category=pd.Series(CATEGORY_NAMES[category_id], index=gpu.index, dtype=object),
         category_id=category_id,
         name_id=name_id,
         launch_end_ns=launches["launch_end_ns"].to_numpy(),
         launch_start_ns=launches["launch_start_ns"].to_numpy(),
-        launch_kind=launches["launch_kind"].to_numpy(),
+        launch_kind=pd.Series(launches["launch_kind"].to_numpy(dtype=object), index=gpu.index, dtype=object),
         graph_followup=launches["graph_followup"].to_numpy(),
         step=step_idx,
     )
     step_phase = steps["phase"].to_numpy() if len(steps) else np.array([], dtype=object)
-    g["phase"] = np.where(step_idx >= 0, step_phase[np.clip(step_idx, 0, None)] if len(steps) else "unknown", "unknown")
+    g["phase"] = pd.Series(np.where(step_idx >= 0, step_phase[np.clip(step_idx, 0, None)] if len(steps) else "unknown", "unknown"),
+                           index=g.index, dtype=object)
 
     if len(gpu) == 0:
         note("no_gpu_activity", "no GPU activity (kernels, memcpy, memset) in the trace: GPU numbers are unavailable")
@@ -353,11 +354,11 @@ def launch_stats(trace: Trace, g: pd.DataFrame) -> dict[str, Any]:
     if len(rt) == 0:
         return {"host_launch_calls": 0, "graph_launches": 0, "graph_launches_with_activity": 0,
                 "graph_coverage": None, "kernels_per_graph_launch_max": None}
-    kinds = rt["api_kind"].to_numpy()
+    kinds = rt["api_kind"].to_numpy(dtype=object)
     corr = rt["correlation"].to_numpy()
     gpu_corr = g["correlation"].to_numpy() if len(g) else np.empty(0, dtype=np.int64)
-    linked = np.isin(corr, gpu_corr) & (corr >= 0)
-    is_launch = np.isin(kinds, ["launch", "graph_launch"]) | (linked & ~np.isin(kinds, ["memcpy", "memset"]))
+    linked = pd.Series(corr, copy=False).isin(gpu_corr).to_numpy() & (corr >= 0)  # hash lookups
+    is_launch = (kinds == "launch") | (kinds == "graph_launch") | (linked & (kinds != "memcpy") & (kinds != "memset"))
     graph = kinds == "graph_launch"
     n_graph = int(graph.sum())
     covered = int((graph & linked).sum())
