@@ -45,6 +45,7 @@ from diagnose.trace.model import (
     SYNC_COLUMNS,
     DeviceInfo,
     Trace,
+    factorize,
     frame,
 )
 
@@ -398,10 +399,11 @@ def _group(events: list, strict: bool) -> dict[str, list]:
     slicing a document never changes row order); other events are dropped."""
     out: dict[str, list] = {k: [] for k in _BUCKETS}
     lists: dict[str, list | None] = {}  # category -> its bucket's list (None: not needed)
+    get, x = lists.get, _StrictX
     if strict:
         for e in events:
-            if type(e) is _StrictX:
-                lst = lists.get(e.cat, False)
+            if type(e) is x:
+                lst = get(e.cat, False)
                 if lst is False:
                     lst = lists[e.cat] = _bucket_list(out, e.cat)
                 if lst is not None:
@@ -642,7 +644,9 @@ class _Columns:
         r = raws.get("runtime")
         if r is not None:
             keep, start, end = r.times(base_ns)
-            d = {"name": r.name, "api_kind": [api_kind(n) for n in r.name], "start_ns": start, "end_ns": end,
+            codes, distinct = factorize(r.name)  # classify each distinct API name once
+            kinds = np.array([api_kind(n) for n in distinct], dtype=object)[codes] if r.n else []
+            d = {"name": r.name, "api_kind": kinds, "start_ns": start, "end_ns": end,
                  "correlation": r.arg_or("correlation", -1), "pid": r.pid(), "tid": r.tid()}
             self._keep("runtime", d, keep)
         r = raws.get("op")
@@ -674,7 +678,7 @@ class _Columns:
         """Everything accumulated, as picklable data (sent back by forked workers). Text
         columns travel as (codes, unique values): pickling a million distinct ``str`` objects
         costs more than decoding them, and the shared values make later grouping faster."""
-        parts = {k: [{c: _Coded(*pd.factorize(v)) if c in _TEXT else v
+        parts = {k: [{c: _Coded(*factorize(v)) if c in _TEXT else v
                       for c, v in d.items()} for d in lst] for k, lst in self.parts.items()}
         return {"parts": parts, "dropped": self.dropped, "negative": self.negative, "bad_name": self.bad_name}
 
@@ -859,7 +863,7 @@ def _decode_slices(src: memoryview, slices: list[tuple[int, int]], base_ns: int,
     """
     cols = _Columns(base_ns)
     for start, end in slices:
-        chunk = b"[" + src[start:end] + b"]"
+        chunk = b"".join((b"[", src[start:end], b"]"))  # one copy of the slice
         try:
             events, strict = _decode_slice(chunk)
         except (msgspec.DecodeError, UnicodeDecodeError):
