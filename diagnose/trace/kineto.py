@@ -591,10 +591,15 @@ def load_kineto(path: str, buf: bytes | bytearray | None = None, lenient: bool =
                 continue
             except (msgspec.DecodeError, UnicodeDecodeError):
                 break
+    meta = None
     if fast is not None:
+        try:  # the other keys; skipped values were not checked for UTF-8 by the decode above
+            meta = _top_metadata(buf)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            fast = None  # the repairing path below
+    if fast is not None and meta is not None:
         events, n = fast.traceEvents, len(buf)
         del fast
-        meta = _top_metadata(buf)
         del buf  # never hold the document and its decoded events longer than needed
         return _build(path, events, meta, legacy=False, repairs=[], buf_len=n, gz_cut=None, strict=strict)
     top, legacy, buf, repairs = _split_top(path, buf, lenient)
