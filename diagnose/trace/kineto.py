@@ -32,7 +32,6 @@ from typing import Any, NamedTuple, Union
 
 import msgspec
 import numpy as np
-import pandas as pd
 
 from diagnose.errors import TraceFormatError
 from diagnose.trace.apis import api_kind
@@ -373,9 +372,9 @@ class _StrictX(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
     args: _StrictArgs = msgspec.field(default_factory=_StrictArgs)
 
 
-_StrictEvent = Union[(_StrictX,) + tuple(
-    msgspec.defstruct(f"_Phase{i}", [], tag_field="ph", tag=ph, gc=False)
-    for i, ph in enumerate(_PHASES) if ph != "X")]
+_OTHER_PHASES = tuple(msgspec.defstruct(f"_Phase{i}", [], tag_field="ph", tag=ph, gc=False)
+                      for i, ph in enumerate(_PHASES) if ph != "X")  # empty: their fields are skipped
+_StrictEvent = Union[(_StrictX, *_OTHER_PHASES)]
 _strict_list_dec = msgspec.json.Decoder(list[_StrictEvent])
 _loose_list_dec = msgspec.json.Decoder(list[_Event])
 _StrictDoc = msgspec.defstruct("_StrictDoc", [("traceEvents", list[_StrictEvent])], gc=False)
