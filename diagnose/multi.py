@@ -306,13 +306,21 @@ def _failed(path: str, e: BaseException) -> dict[str, Any]:
             "error": _one_line(e)}
 
 
+def _ignore_sigint() -> None:
+    """Pool workers leave Ctrl-C to the parent, which stops the pool (no worker tracebacks)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _run_process(paths: list[str], options: Any, lenient: bool, workers: int | None) -> tuple[list[dict[str, Any]], int]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     n = max(1, min(workers or os.cpu_count() or 1, len(paths)))
     # spawn: safe whatever threads the caller runs (fork with threads can deadlock).
-    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_ignore_sigint) as pool:
         futs = [pool.submit(analyze_one, p, options, lenient) for p in paths]
         out = []
         for p, f in zip(paths, futs):

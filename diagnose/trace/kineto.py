@@ -120,6 +120,9 @@ class _Doc(msgspec.Struct, gc=False):
 _doc_dec = msgspec.json.Decoder(_Doc)
 
 
+_ARGS_FIELDS = msgspec.structs.fields(_Args)  # once: reading them per event cost ~50 us each
+
+
 def _coerce_args(raw: msgspec.Raw) -> _Args | None:
     """Args of a loose event: take what can be read as the fields of :class:`_Args`."""
     if not raw:
@@ -131,7 +134,7 @@ def _coerce_args(raw: msgspec.Raw) -> _Args | None:
     if not isinstance(obj, dict):
         return None
     kw: dict[str, Any] = {}
-    for f in msgspec.structs.fields(_Args):
+    for f in _ARGS_FIELDS:
         v = obj.get(f.encode_name)
         if v is None:
             continue
@@ -377,12 +380,14 @@ _OTHER_PHASES = tuple(msgspec.defstruct(f"_Phase{i}", [], tag_field="ph", tag=ph
 _StrictEvent = Union[(_StrictX, *_OTHER_PHASES)]
 _strict_list_dec = msgspec.json.Decoder(list[_StrictEvent])
 _loose_list_dec = msgspec.json.Decoder(list[_Event])
+_any_loose_list_dec = msgspec.json.Decoder(list[_LooseEvent])
 _StrictDoc = msgspec.defstruct("_StrictDoc", [("traceEvents", list[_StrictEvent])], gc=False)
 _strict_doc_dec = msgspec.json.Decoder(_StrictDoc)
 
 
 def _decode_slice(data: bytes) -> tuple[list, bool]:
-    """Decode a JSON list of events: (events, strict). Strict first, then the _Event schema.
+    """Decode a JSON list of events: (events, strict). Strict first, then the _Event schema,
+    then _LooseEvent coerced event by event (the last two give _Event lists).
 
     Raises:
         msgspec.DecodeError, UnicodeDecodeError: not valid JSON (callers fall back further).
@@ -390,7 +395,11 @@ def _decode_slice(data: bytes) -> tuple[list, bool]:
     try:
         return _strict_list_dec.decode(data), True
     except msgspec.ValidationError:
+        pass
+    try:
         return _loose_list_dec.decode(data), False
+    except msgspec.ValidationError:  # odd field types (a float pid, a string ts): coerce per event
+        return [_coerce_event(ev) for ev in _any_loose_list_dec.decode(data)], False
 
 
 def _group(events: list, strict: bool) -> dict[str, list]:
@@ -882,9 +891,6 @@ def _decode_slices(src: memoryview, slices: list[tuple[int, int]], base_ns: int,
     return cols
 
 
-KEEP_MIN_BYTES = 256 * 2**20
-
-
 def _rss_bytes() -> int:
     """This process's resident set size (Linux /proc; 0 elsewhere)."""
     try:
@@ -897,12 +903,13 @@ def _rss_bytes() -> int:
 def workers_default() -> int:
     """Processes for one large Kineto file: the CPUs this process may use, at most 4, on Linux
     in a single-threaded process (forking while other threads run could copy a lock they
-    hold); else 1. ``DIAGNOSE_WORKERS`` overrides the count, not the single-thread rule."""
+    hold); else 1. ``DIAGNOSE_WORKERS`` sets the count (at most the CPU count), not the
+    single-thread rule."""
     if not sys.platform.startswith("linux") or not hasattr(os, "fork") or threading.active_count() > 1:
         return 1
-    env = os.environ.get("DIAGNOSE_WORKERS", "")
+    env = os.environ.get("DIAGNOSE_WORKERS", "").strip()
     if env.isdigit() and int(env) >= 1:
-        return int(env)
+        return min(int(env), os.cpu_count() or 1)
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -919,6 +926,7 @@ def _fork_decode(src: memoryview, slices: list[tuple[int, int]], base_ns: int, d
         OSError: fork or pipe failed.
     """
     r, w = os.pipe()
+    parent = os.getpid()
     try:
         pid = os.fork()
     except OSError:
@@ -928,14 +936,15 @@ def _fork_decode(src: memoryview, slices: list[tuple[int, int]], base_ns: int, d
     if pid == 0:  # child: never returns, exits without freeing what it decoded
         code = 1
         try:
+            _die_with_parent(parent)
             os.close(r)
             keep: list = []
 
             def progress(end: int, _total: int) -> None:
                 struct.pack_into("q", done, 8 * slot, end - slices[0][0])
 
-            # keep decoded events (never freed: the child exits) up to about the bytes of its share
-            budget = max(KEEP_MIN_BYTES, sum(e - s for s, e in slices))
+            # keep decoded events (never freed: the child exits) up to half the bytes of its share
+            budget = sum(e - s for s, e in slices) // 2
             cols = _decode_slices(src, slices, base_ns, progress, keep, _rss_bytes() + budget)
             data = pickle.dumps(cols.state(), protocol=pickle.HIGHEST_PROTOCOL)
             with os.fdopen(w, "wb") as f:
@@ -946,6 +955,19 @@ def _fork_decode(src: memoryview, slices: list[tuple[int, int]], base_ns: int, d
         os._exit(code)
     os.close(w)
     return pid, r
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: have the kernel kill this child when its parent dies (a SIGTERM or SIGKILL sent
+    to the main process alone must not leave workers decoding for seconds)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def _fork_result(pid: int, fd: int) -> dict | None:
