@@ -107,21 +107,13 @@ def classify_kernel(name: str) -> str:
     return "other"
 
 
-def categorize(gpu: pd.DataFrame) -> np.ndarray:
-    """Category per row of a ``gpu`` frame (memcpy/memset by activity kind, kernels by name).
-
-    Returns:
-        numpy object array of category strings, aligned with ``gpu``.
-    """
-    return CATEGORY_NAMES[category_ids(gpu)]
-
-
 CATEGORY_NAMES = np.array(CATEGORIES, dtype=object)
 _CATEGORY_ID = {c: i for i, c in enumerate(CATEGORIES)}
 
 
 def category_ids(gpu: pd.DataFrame, name_codes: np.ndarray | None = None, names: np.ndarray | None = None) -> np.ndarray:
-    """Category per row of a ``gpu`` frame as an index into :data:`CATEGORIES` (int8).
+    """Category per row of a ``gpu`` frame (memcpy/memset by activity kind, kernels by name)
+    as an index into :data:`CATEGORIES` (int8); :data:`CATEGORY_NAMES` maps it to the name.
 
     Args:
         gpu: frame with ``kind`` and ``name``.

@@ -317,14 +317,9 @@ def _decode_events(path: str, raw: msgspec.Raw | bytes, repairs: list | None = N
     """Typed decode of ``traceEvents``; odd field types fall back to a loose decode; invalid
     UTF-8 (which skipping a value during the top-level split does not detect) is repaired."""
     try:
-        try:
-            return msgspec.json.decode(raw, type=list[_Event])
-        except msgspec.ValidationError:
-            try:
-                loose = msgspec.json.decode(raw, type=list[_LooseEvent])
-            except msgspec.ValidationError as e:
-                raise TraceFormatError(f"{path}: traceEvents is not a list of events ({e})") from None
-            return [_coerce_event(ev) for ev in loose]
+        return _decode_lenient(raw)
+    except msgspec.ValidationError as e:
+        raise TraceFormatError(f"{path}: traceEvents is not a list of events ({e})") from None
     except (UnicodeDecodeError, msgspec.DecodeError) as e:
         if _repaired or not _is_text_error(e):
             raise TraceFormatError(f"{path}: invalid JSON in traceEvents ({e})") from None
@@ -395,11 +390,21 @@ def _decode_slice(data: bytes) -> tuple[list, bool]:
     try:
         return _strict_list_dec.decode(data), True
     except msgspec.ValidationError:
-        pass
+        return _decode_lenient(data), False
+
+
+def _decode_lenient(data: bytes | msgspec.Raw) -> list[_Event]:
+    """A JSON list of events with the _Event schema, else as _LooseEvent coerced event by
+    event (odd field types: a float pid, a string ts...).
+
+    Raises:
+        msgspec.ValidationError: not a list of event objects.
+        msgspec.DecodeError, UnicodeDecodeError: not valid JSON.
+    """
     try:
-        return _loose_list_dec.decode(data), False
-    except msgspec.ValidationError:  # odd field types (a float pid, a string ts): coerce per event
-        return [_coerce_event(ev) for ev in _any_loose_list_dec.decode(data)], False
+        return _loose_list_dec.decode(data)
+    except msgspec.ValidationError:
+        return [_coerce_event(ev) for ev in _any_loose_list_dec.decode(data)]
 
 
 def _group(events: list, strict: bool) -> dict[str, list]:
@@ -407,29 +412,16 @@ def _group(events: list, strict: bool) -> dict[str, list]:
     slicing a document never changes row order); other events are dropped."""
     out: dict[str, list] = {k: [] for k in _BUCKETS}
     lists: dict[str, list | None] = {}  # category -> its bucket's list (None: not needed)
-    get, x = lists.get, _StrictX
-    if strict:
-        for e in events:
-            if type(e) is x:
-                lst = get(e.cat, False)
-                if lst is False:
-                    lst = lists[e.cat] = _bucket_list(out, e.cat)
-                if lst is not None:
-                    lst.append(e)
-    else:
-        for e in events:
-            if e.ph == "X":
-                lst = lists.get(e.cat, False)
-                if lst is False:
-                    lst = lists[e.cat] = _bucket_list(out, e.cat)
-                if lst is not None:
-                    lst.append(e)
+    get = lists.get
+    xs = [e for e in events if type(e) is _StrictX] if strict else [e for e in events if e.ph == "X"]
+    for e in xs:
+        lst = get(e.cat, False)
+        if lst is False:
+            k = _CAT_BUCKET.get(str(e.cat).lower())
+            lst = lists[e.cat] = out[k] if k else None
+        if lst is not None:
+            lst.append(e)
     return out
-
-
-def _bucket_list(out: dict[str, list], cat: Any) -> list | None:
-    k = _CAT_BUCKET.get(str(cat).lower())
-    return out[k] if k else None
 
 
 _get_args = operator.attrgetter("args")

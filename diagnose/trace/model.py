@@ -104,6 +104,8 @@ def factorize(values: Any) -> tuple[np.ndarray, np.ndarray]:
 
 def frame(columns: dict[str, str], data: dict[str, Any] | None = None) -> pd.DataFrame:
     """Build a DataFrame with exactly ``columns`` (name -> dtype), empty when ``data`` is None.
+    Arrays already of their column's dtype are used as they are (each its own block: no copy,
+    no stacking), so frames of millions of rows (nsys NVTX ranges) cost milliseconds.
 
     Raises:
         KeyError: when ``data`` lacks one of the columns.
@@ -120,10 +122,10 @@ def frame(columns: dict[str, str], data: dict[str, Any] | None = None) -> pd.Dat
         if t == "category":
             out[c] = v if isinstance(getattr(v, "dtype", None), pd.CategoricalDtype) else pd.Series(v, dtype="category")
         elif t == "object":
-            out[c] = pd.Series(v, dtype=object) if not isinstance(v, pd.Series) else v.astype(object)
+            out[c] = pd.Series(v, dtype=object, copy=False) if not isinstance(v, pd.Series) else v.astype(object)
         else:
             out[c] = np.asarray(v, dtype=t)
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, copy=False)
 
 
 @dataclass(frozen=True)
