@@ -83,3 +83,8 @@ class KinetoBuilder:
 @pytest.fixture
 def kineto():
     return KinetoBuilder
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="Rewrite tests/golden/*.json from the current reports (review the diff).")

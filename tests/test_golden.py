@@ -1,0 +1,125 @@
+"""Golden whole-report tests (Perfetto diff-test style).
+
+For every shared Kineto / nsys SQLite trace and every shipped sample, the whole JSON report
+of ``diagnose run --format json`` (verdicts included) is checked in under ``tests/golden/``,
+floats rounded to 6 significant digits and paths made relative. A change that moves any
+number, verdict or quality code shows as a diff here.
+
+Regenerate after a reviewed change::
+
+    python -m pytest tests/test_golden.py --update-golden
+
+then read ``git diff tests/golden`` before committing.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import ROOT, SHARED_TRACES
+from diagnose.cli import main
+
+GOLDEN = Path(__file__).parent / "golden"
+SAMPLES = ROOT / "samples"
+
+#: (golden name, path, extra CLI arguments). Shared traces are found relative to
+#: ``../shared/traces``; cases whose file is absent are skipped.
+def _cases() -> list[tuple[str, Path, tuple[str, ...]]]:
+    out = []
+    for p in sorted(SAMPLES.glob("*.json*")):
+        out.append((f"samples__{p.name}", p, ()))
+    if SHARED_TRACES.exists():
+        for p in sorted(SHARED_TRACES.rglob("*")):
+            if not p.is_file() or p.name == "execution_details.json":
+                continue
+            if not (p.name.endswith((".json", ".json.gz", ".sqlite"))):
+                continue
+            rel = p.relative_to(SHARED_TRACES)
+            out.append(("shared__" + str(rel).replace("/", "__"), p, ()))
+    out.extend(_config_cases())
+    return out
+
+
+def _config_cases() -> list[tuple[str, Path, tuple[str, ...]]]:
+    """Runs with a model config and GPU (the expert readings' settings)."""
+    return []
+
+
+CASES = _cases()
+
+
+def normalize(obj, root_paths: tuple[tuple[str, str], ...]):
+    """Floats to 6 significant digits, absolute paths made relative (stable across machines)."""
+    if isinstance(obj, float):
+        if not math.isfinite(obj) or obj == 0.0:
+            return obj
+        return float(f"{obj:.6g}")
+    if isinstance(obj, str):
+        for prefix, repl in root_paths:
+            if prefix in obj:
+                obj = obj.replace(prefix, repl)
+        return obj
+    if isinstance(obj, list):
+        return [normalize(x, root_paths) for x in obj]
+    if isinstance(obj, dict):
+        return {k: normalize(v, root_paths) for k, v in obj.items()}
+    return obj
+
+
+def report_for(path: Path, extra: tuple[str, ...]) -> dict:
+    r = CliRunner().invoke(main, ["run", "--trace", str(path), "--format", "json", *extra])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    roots = ((str(SHARED_TRACES) + "/", "<shared>/"), (str(ROOT) + "/", "<project>/"))
+    return normalize(d, roots)
+
+
+@pytest.mark.parametrize("name,path,extra", CASES, ids=[c[0] for c in CASES])
+def test_golden_report(name, path, extra, request):
+    got = report_for(path, extra)
+    golden = GOLDEN / f"{name}.json"
+    text = json.dumps(got, indent=1, sort_keys=False, ensure_ascii=False) + "\n"
+    if request.config.getoption("--update-golden"):
+        golden.write_text(text, encoding="utf-8")
+        return
+    if not golden.exists():
+        pytest.fail(f"no golden file {golden.name}: run pytest {Path(__file__).name} --update-golden and review it")
+    want = json.loads(golden.read_text(encoding="utf-8"))
+    if got != want:
+        diffs = list(_diff(want, got, ""))
+        pytest.fail(f"{len(diffs)} difference(s) from {golden.name} (regenerate with --update-golden after review):\n"
+                    + "\n".join(diffs[:40]))
+
+
+def test_every_golden_file_has_a_case():
+    names = {c[0] for c in CASES}
+    stale = sorted(p.stem for p in GOLDEN.glob("*.json") if p.stem not in names)
+    if SHARED_TRACES.exists():
+        assert not stale, f"golden files without a trace: {stale}"
+
+
+def _diff(a, b, path):
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a:
+                yield f"+ {path}.{k} = {_short(b[k])}"
+            elif k not in b:
+                yield f"- {path}.{k} (was {_short(a[k])})"
+            else:
+                yield from _diff(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            yield f"~ {path}: list length {len(a)} -> {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            yield from _diff(x, y, f"{path}[{i}]")
+    elif a != b:
+        yield f"~ {path}: {_short(a)} -> {_short(b)}"
+
+
+def _short(v) -> str:
+    s = json.dumps(v, ensure_ascii=False)
+    return s if len(s) <= 120 else s[:117] + "..."
