@@ -13,6 +13,7 @@ import sys
 import click
 
 from diagnose.cliutil import guarded
+from diagnose.errors import install_hint
 
 
 @click.command("serve")
@@ -30,7 +31,7 @@ def serve_command(traces: tuple[str, ...], host: str, port: int, debug: bool) ->
     try:
         from diagnose.app.server import create_app
     except ImportError as e:  # dash is an optional extra
-        click.echo(f"error: the app needs the [app] extra ({e.name or e}): pip install 'diagnose[app]'", err=True)
+        click.echo(f"error: the app needs the [app] extra ({e.name or e}): " + install_hint('app'), err=True)
         sys.exit(2)
     app = guarded(create_app)(list(traces))
     if host not in ("127.0.0.1", "localhost", "::1"):

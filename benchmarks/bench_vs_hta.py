@@ -169,7 +169,7 @@ def have_hta() -> bool:
 
 def versions() -> dict:
     out = {"python": platform.python_version()}
-    for pkg in ("diagnose", "traceinsight", "msgspec", "numpy", "pandas"):
+    for pkg in ("diagnose-llm", "traceinsight", "msgspec", "numpy", "pandas"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

@@ -13,7 +13,7 @@ import click
 
 from diagnose import __version__
 from diagnose.cliutil import OneLineGroup, guard_all, guarded
-from diagnose.errors import DiagnoseError
+from diagnose.errors import DiagnoseError, install_hint
 
 
 def attainment_options(fn):
@@ -193,7 +193,7 @@ def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: s
         try:
             from diagnose.app.html import write_html
         except ImportError:
-            raise DiagnoseError("--html needs the web-report extra: pip install 'diagnose[app]'") from None
+            raise DiagnoseError("--html needs the web-report extra: " + install_hint("app")) from None
         write_html(analysis, html_path)
     if fmt == "text":
         from diagnose.report.terminal import render

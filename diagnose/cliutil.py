@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from diagnose.errors import DiagnoseError
+from diagnose.errors import DiagnoseError, install_hint
 
 
 # optional dependency -> the extra that installs it
@@ -38,7 +38,7 @@ def guarded(fn):
             top = (e.name or "").split(".")[0]
             if top in _EXTRAS:
                 extra = _EXTRAS[top]
-                click.echo(f"error: this needs the optional '{top}' package: pip install 'diagnose[{extra}]'", err=True)
+                click.echo(f"error: this needs the optional '{top}' package: {install_hint(extra)}", err=True)
                 sys.exit(2)
             raise
         except OSError as e:

@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from typing import Any, Sequence
 
-from diagnose.errors import DiagnoseError
+from diagnose.errors import DiagnoseError, install_hint
 
 FLEET_SCHEMA_VERSION = 1
 
@@ -336,7 +336,7 @@ def _import_distributed():
         import distributed  # noqa: F401
         from distributed import Client
     except ImportError:
-        raise DiagnoseError("the Dask executor needs dask.distributed, which is not installed: pip install 'diagnose[dask]'") from None
+        raise DiagnoseError("the Dask executor needs dask.distributed, which is not installed: " + install_hint("dask")) from None
     return Client
 
 
