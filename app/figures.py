@@ -37,10 +37,10 @@ from diagnose.app.timeline import (  # noqa: F401  (re-exported: the figure buil
 
 __all__ = [
     "timeline_figure", "prepare_timeline", "TimelineData", "figure_drawn_elements", "parse_relayout",
-    "categories_figure", "roofline_figure", "phases_table_data", "kv_budget_data", "compare_data",
+    "categories_figure", "roofline_figure", "phases_table_data", "kv_budget_data", "compare_view",
     "kernels_table_data", "attention_rows", "banner_data", "symptom_cards_data", "not_evaluated_data",
-    "key_numbers", "expected_text", "ensure_verdicts", "fmt_value", "phases_for_device", "report_devices", "safe_id",
-    "REFERENCE_7B", "REGRESSION_THRESHOLD", "CATEGORY_COLORS", "PHASE_COLORS", "NA",
+    "key_numbers", "expected_text", "fmt_value", "phases_for_device", "report_devices", "safe_id",
+    "REFERENCE_7B", "CATEGORY_COLORS", "PHASE_COLORS", "NA",
 ]
 
 NA = "not available"
@@ -56,32 +56,6 @@ SEVERITY_COLORS = {
 }
 
 # -- small helpers ----------------------------------------------------------------------
-
-
-def ensure_verdicts(report: dict) -> dict:
-    """Evaluate the packaged symptom rules on ``report`` when it has no ``symptoms`` yet.
-
-    Uses :func:`diagnose.rules_engine.add_verdicts_to_report` (the same rules as
-    ``diagnose run``). A report that already carries ``symptoms`` is left as it is. When the
-    engine is absent or fails, the report is returned without verdicts and
-    ``report["verdicts_error"]`` says why (the banner shows it).
-
-    Returns:
-        ``report`` (updated in place).
-    """
-    if report.get("symptoms") is not None:
-        return report
-    try:
-        from diagnose.rules_engine import add_verdicts_to_report
-    except ImportError as e:  # pragma: no cover — engine not installed
-        report["verdicts_error"] = f"rule engine not available ({e})"
-        return report
-    try:
-        add_verdicts_to_report(report)
-    except Exception as e:  # noqa: BLE001 — a broken rule must not take the report down
-        report.pop("symptoms", None)
-        report["verdicts_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-    return report
 
 
 def safe_id(s: Any) -> str:
@@ -752,95 +726,45 @@ def kv_budget_data(
 
 # -- compare -------------------------------------------------------------------------------
 
-#: Any gated latency more than this much worse than the baseline is a regression
-#: (domain.md §7: "any of TTFT/TPOT p50/p90/p99 more than 50 % worse than baseline = roll back").
-REGRESSION_THRESHOLD = 0.5
-
-
-def _phase_value(report: Mapping, phase: str, key: str) -> float | None:
-    p = phases_for_device(report).get(phase)
-    return _num(p.get(key)) if p else None
-
-
-def _compare_metrics() -> list[tuple[str, str, str, Any, str, bool]]:
-    def lat(k1, k2=None):
-        return lambda r: _num((r.get("latency") or {}).get(k1) if k2 is None else ((r.get("latency") or {}).get(k1) or {}).get(k2))
-
-    def ph(phase, key):
-        return lambda r: _phase_value(r, phase, key)
-
-    m = [("ttft_ms", "TTFT", "ms", lat("ttft_ms"), "lower", True)]
-    for q in ("p50", "p90", "p99"):
-        m.append((f"tpot_{q}_ms", f"TPOT {q}", "ms", lat("tpot_ms", q), "lower", True))
-    for phase in ("prefill", "decode"):
-        for q in ("p50", "p99"):
-            m.append((f"{phase}_step_{q}_ms", f"{phase} step {q}", "ms", lat(f"{phase}_step_ms", q), "lower", False))
-    for phase in ("prefill", "decode", "all"):
-        m += [
-            (f"{phase}_launch_gap_share", f"{phase}: launch-gap share", "share", ph(phase, "launch_gap_share"), "lower", False),
-            (f"{phase}_gpu_idle_share", f"{phase}: GPU idle share", "share", ph(phase, "gpu_idle_share"), "lower", False),
-            (f"{phase}_attention_share", f"{phase}: attention share", "share", ph(phase, "attention_share"), "none", False),
-            (f"{phase}_mfu", f"{phase}: MFU", "share", ph(phase, "mfu"), "higher", False),
-            (f"{phase}_mbu", f"{phase}: MBU", "share", ph(phase, "mbu"), "higher", False),
-            (f"{phase}_gpu_busy_ms", f"{phase}: GPU busy", "ms", ph(phase, "gpu_busy_ms"), "none", False),
-            (f"{phase}_kernel_count", f"{phase}: kernels", "count", ph(phase, "kernel_count"), "none", False),
-        ]
-    return m
-
-
-def compare_data(report_a: Mapping, report_b: Mapping, threshold: float = REGRESSION_THRESHOLD) -> dict:
-    """Deltas of key numbers, baseline ``report_a`` vs candidate ``report_b``, and a verdict.
-
-    Verdict (domain.md §7): "regression" when any of TTFT, TPOT p50/p90/p99 present in both is
-    more than ``threshold`` (50 %) worse in B; "ok" when at least one of them is comparable
-    and none regressed; "inconclusive" when none is present in both.
+def compare_view(cmp: Any) -> dict:
+    """Display data for a :class:`diagnose.compare.Comparison` (the same one ``diagnose compare``
+    prints): the verdict, its CSS class, an explanation, and one row per compared metric and
+    per kernel-category delta.
 
     Returns:
-        {"verdict", "threshold", "regressions": [metric labels], "explanation",
-        "rows": [{key, metric, unit, a, b, delta (b - a), change ((b - a) / a or None),
-        worse (bool or None), gate (bool), a_text, b_text, change_text}]} — rows where both
-        sides are missing are left out.
+        {"verdict": "regression" | "fail" | "not comparable" | "no regression", "css": "regression" | "ok" |
+        "inconclusive", "explanation", "rows": [{metric, finding, a_text, b_text, change_text,
+        worse}], "category_rows": [{phase, category, a_text, b_text, change_text}]}.
     """
+    verdict = cmp.verdict
+    css = {"regression": "regression", "fail": "regression", "not comparable": "inconclusive"}.get(verdict, "ok")
+    fired = [s for s in cmp.verdicts.symptoms]
+    if fired:
+        expl = " ".join(s["summary"] for s in fired)
+    elif not cmp.comparable:
+        ne = next((n for n in cmp.verdicts.not_evaluated if n["id"] == "latency-regression"), {})
+        expl = "Not comparable: " + (ne.get("reason") or "no TTFT/TPOT number in both traces") + "."
+    else:
+        expl = "No TTFT/TPOT percentile regressed beyond the latency-regression rule's threshold."
     rows = []
-    regressions = []
-    gated = 0
-    for key, label, unit, get, better, gate in _compare_metrics():
-        a, b = get(report_a), get(report_b)
+    for r in cmp.rows:
+        a, b = r["baseline"], r["candidate"]
         if a is None and b is None:
             continue
-        delta = change = worse = None
-        if a is not None and b is not None:
-            delta = b - a
-            change = (delta / a) if a else None
-            if better == "lower":
-                worse = delta > 0
-            elif better == "higher":
-                worse = delta < 0
-            if gate:
-                gated += 1
-                if change is not None and change > threshold:
-                    regressions.append(label)
-        if delta is None:
-            change_text = NA
-        elif unit == "share":  # shares: percentage points, a relative change of a share misleads
-            change_text = f"{delta * 100:+.1f} pp"
-        elif change is None:
-            change_text = f"{delta:+.3g} {unit}".strip()
+        unit = "ms" if r["kind"] == "ms" else "share"
+        ch = r.get("ratio", r.get("change"))
+        if ch is None:
+            text = NA
+        elif r["kind"] == "ms":
+            text = f"x{ch:.3f} ({100 * (ch - 1):+.1f} %)"
         else:
-            change_text = f"{change * 100:+.1f} %"
-        rows.append({
-            "key": key, "metric": label, "unit": unit, "a": a, "b": b, "delta": delta, "change": change,
-            "worse": worse, "gate": gate, "a_text": fmt_value(a, unit), "b_text": fmt_value(b, unit),
-            "change_text": change_text,
-        })
-    if regressions:
-        verdict = "regression"
-        expl = (f"{', '.join(regressions)} more than {threshold:.0%} worse than the baseline: "
-                "roll back (domain.md §7).")
-    elif gated:
-        verdict = "ok"
-        expl = f"No TTFT/TPOT percentile is more than {threshold:.0%} worse than the baseline ({gated} compared)."
-    else:
-        verdict = "inconclusive"
-        expl = "Neither TTFT nor any TPOT percentile is present in both traces: nothing to gate on."
-    return {"verdict": verdict, "threshold": threshold, "regressions": regressions, "explanation": expl, "rows": rows}
+            text = f"{100 * ch:+.1f} pp"
+        neutral = 1.0 if r["kind"] == "ms" else 0.0
+        higher_better = r["finding"].endswith((".mfu", ".mbu"))
+        worse = None if ch is None else (ch < neutral if higher_better else ch > neutral)
+        rows.append({"metric": r["name"], "finding": r["finding"], "a_text": fmt_value(a, unit), "b_text": fmt_value(b, unit),
+                     "change_text": text, "worse": worse})
+    cat_rows = [{"phase": d["phase"], "category": d["category"], "a_text": fmt_value(d["baseline_ms"], "ms"),
+                 "b_text": fmt_value(d["candidate_ms"], "ms"),
+                 "change_text": NA if d["ratio"] is None else f"x{d['ratio']:.2f}"} for d in cmp.category_deltas]
+    return {"verdict": verdict, "css": css, "explanation": expl, "rows": rows, "category_rows": cat_rows}

@@ -178,7 +178,7 @@ def render_html(report: Mapping, activities=None, *, title: str | None = None, m
 
 
 def write_html(analysis_or_report: Any, path: str | os.PathLike, *, title: str | None = None,
-               max_points: int = 20000, verdicts: bool = True) -> Path:
+               max_points: int = 20000, verdicts: bool = True, ruleset: Any = None) -> Path:
     """Write the report as one self-contained HTML file (plotly.js inlined once; works offline).
 
     Args:
@@ -198,7 +198,9 @@ def write_html(analysis_or_report: Any, path: str | os.PathLike, *, title: str |
     else:
         report, acts = analysis_or_report.to_dict(), getattr(analysis_or_report, "activities", None)
     if verdicts:
-        F.ensure_verdicts(report)
+        from diagnose.pipeline import ensure_verdicts
+
+        ensure_verdicts(report, ruleset)
     text = render_html(report, acts, title=title, max_points=max_points)
     p = Path(path)
     p.write_text(text, encoding="utf-8")

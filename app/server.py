@@ -25,6 +25,7 @@ builder of :mod:`diagnose.app.figures`) that the tests call directly.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -116,9 +117,11 @@ class TraceEntry:
 
 @dataclass
 class AppState:
-    """Traces served by one app, in command-line order."""
+    """Traces served by one app, in command-line order, and the rules their verdicts and the
+    compare page use (the same :class:`~diagnose.engine.RuleSet` as the CLI's for the same flags)."""
 
     entries: list[TraceEntry]
+    ruleset: Any = None
 
     def get(self, key: Any) -> TraceEntry:
         """Entry for a dropdown value; anything unknown falls back to the first trace."""
@@ -128,15 +131,19 @@ class AppState:
         return self.entries[0]
 
 
-def load_analyses(paths: Sequence[str], *, analyze: Callable | None = None,
+def load_analyses(paths: Sequence[str], *, analyze: Callable | None = None, options: Any = None,
                   progress_threshold_bytes: int = PROGRESS_THRESHOLD_BYTES, console=None) -> list:
-    """Analyse each path once; a rich progress bar on stderr when any input is large.
+    """Analyse each path once (with the shared analysis ``options``); a rich progress bar on
+    stderr when any input is large.
 
     Raises:
         DiagnoseError: an unusable trace (propagated from ``run_analysis``).
     """
     if analyze is None:
-        from diagnose.pipeline import run_analysis as analyze
+        from diagnose.pipeline import run_analysis
+
+        def analyze(p):
+            return run_analysis(p, options)
     sizes = [os.path.getsize(p) if os.path.isfile(p) else 0 for p in paths]
     if not any(s > progress_threshold_bytes for s in sizes):
         return [analyze(p) for p in paths]
@@ -155,12 +162,15 @@ def load_analyses(paths: Sequence[str], *, analyze: Callable | None = None,
 
 
 def build_state(paths: Sequence[str], analyses: Sequence | None = None, *, verdicts: bool = True,
-                **load_kwargs) -> AppState:
+                ruleset: Any = None, **load_kwargs) -> AppState:
     """Entries for ``paths``; ``analyses`` (Analysis objects or report dicts) skip the analysis.
 
-    With ``verdicts`` (default), a report without ``symptoms`` gets the packaged symptom rules
-    evaluated on it (:func:`figures.ensure_verdicts`), as ``diagnose run`` does.
+    With ``verdicts`` (default), a report without ``symptoms`` gets the symptom rules of
+    ``ruleset`` (None: the packaged rules) evaluated on it
+    (:func:`diagnose.pipeline.ensure_verdicts`), as ``diagnose run`` does.
     """
+    from diagnose.pipeline import ensure_verdicts
+
     paths = [str(p) for p in paths]
     if analyses is None:
         analyses = load_analyses(paths, **load_kwargs)
@@ -175,11 +185,11 @@ def build_state(paths: Sequence[str], analyses: Sequence | None = None, *, verdi
         else:
             report, acts = a.to_dict(), getattr(a, "activities", None)
         if verdicts:
-            F.ensure_verdicts(report)
+            ensure_verdicts(report, ruleset)
         entries.append(TraceEntry(key=str(i), label=label, path=p, report=report, activities=acts))
     if not entries:
         raise ValueError("create_app needs at least one trace")
-    return AppState(entries)
+    return AppState(entries, ruleset)
 
 
 # -- small rendering helpers --------------------------------------------------------------
@@ -422,19 +432,56 @@ def kv_page(entry: TraceEntry) -> html.Div:
     ])
 
 
+# Bounds on the KV calculator's inputs (callback inputs come from the browser: anything can
+# arrive). No real model or device comes near them; they keep every number finite and every
+# reply small.
+KV_MAX_CONTEXTS = 64
+KV_MAX_CONTEXT_TOKENS = 10**9
+KV_MAX_TEXT = 2000
+KV_MAX_MODEL_FIELD = 10**7
+KV_MAX_MEMORY_GB = 10**6
+
+
 def parse_contexts(text: str) -> list[int]:
-    """'2048, 8k, 32K' -> [2048, 8192, 32768]. Raises ValueError on anything else."""
+    """'2048, 8k, 32K' -> [2048, 8192, 32768]. Raises ValueError on anything else, on more
+    than :data:`KV_MAX_CONTEXTS` lengths, or on a length above :data:`KV_MAX_CONTEXT_TOKENS`."""
+    if text is not None and not isinstance(text, str):
+        raise ValueError("context lengths must be text such as '2048, 8k'")
+    if len(text or "") > KV_MAX_TEXT:
+        raise ValueError(f"context lengths: at most {KV_MAX_TEXT:,} characters")
     out = []
     for tok in re.split(r"[,\s;]+", (text or "").strip()):
         if not tok:
             continue
-        m = re.fullmatch(r"(\d+)([kK]?)", tok)
+        m = re.fullmatch(r"(\d{1,12})([kK]?)", tok)
         if not m:
-            raise ValueError(f"context {tok!r} is not a whole number of tokens")
-        out.append(int(m.group(1)) * (1024 if m.group(2) else 1))
+            raise ValueError(f"context {tok[:40]!r} is not a whole number of tokens")
+        c = int(m.group(1)) * (1024 if m.group(2) else 1)
+        if c > KV_MAX_CONTEXT_TOKENS:
+            raise ValueError(f"context {tok!r}: at most {KV_MAX_CONTEXT_TOKENS:,} tokens")
+        out.append(c)
+        if len(out) > KV_MAX_CONTEXTS:
+            raise ValueError(f"at most {KV_MAX_CONTEXTS} context lengths at once")
     if not out:
         raise ValueError("give at least one context length")
     return out
+
+
+def _bounded(v: Any, what: str, hi: float, whole: bool) -> float | int:
+    """A form value as a finite number in [0, hi] (whole when ``whole``). Raises ValueError."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError(f"{what} must be a number")
+    try:
+        x = float(v)
+    except (ValueError, OverflowError):
+        raise ValueError(f"{what} must be a number, got {str(v)[:40]!r}") from None
+    if not math.isfinite(x) or x < 0 or x > hi:
+        raise ValueError(f"{what} must be a number from 0 to {hi:,}, got {str(v)[:40]}")
+    if whole:
+        if x != int(x):
+            raise ValueError(f"{what} must be a whole number, got {str(v)[:40]}")
+        return int(x)
+    return x
 
 
 def kv_view(preset, layers, hidden, heads, kv_heads, head_dim, inter, vocab, tie, memory_gb, overhead_gb,
@@ -445,16 +492,20 @@ def kv_view(preset, layers, hidden, heads, kv_heads, head_dim, inter, vocab, tie
     except ValueError as e:
         return {"ok": False, "error": str(e)}
     vals = [layers, hidden, heads, kv_heads, head_dim, inter, vocab]
-    if any(v is None for v in vals):
+    if any(v is None or v == "" for v in vals):
         return {"ok": False, "error": "fill in every model field with a positive whole number"}
     try:
-        cfg = {k: int(v) for (k, _), v in zip(_KV_FIELDS, vals)}
-    except (TypeError, ValueError):
-        return {"ok": False, "error": "model fields must be whole numbers"}
+        cfg = {k: _bounded(v, label, KV_MAX_MODEL_FIELD, whole=True) for (k, label), v in zip(_KV_FIELDS, vals)}
+        mem = None if memory_gb in (None, "", 0) else _bounded(memory_gb, "device memory (GB)", KV_MAX_MEMORY_GB, whole=False)
+        overhead = 0.0 if overhead_gb in (None, "") else _bounded(overhead_gb, "overhead (GB)", KV_MAX_MEMORY_GB, whole=False)
+    except ValueError as e:
+        return {"ok": False, "error": str(e)}
+    for what, dt in (("KV dtype", kv_dtype), ("weight dtype", weight_dtype)):
+        if dt is not None and dt not in _DTYPES:
+            return {"ok": False, "error": f"{what} must be one of {', '.join(_DTYPES)}"}
     cfg["tie_word_embeddings"] = bool(tie)
     cfg["_name_or_path"] = "custom" if preset != "7b" else F.REFERENCE_7B["_name_or_path"]
-    mem = None if memory_gb in (None, "", 0) else float(memory_gb)
-    return F.kv_budget_data(cfg, memory_gb=mem, overhead_gb=float(overhead_gb or 0), contexts=ctx,
+    return F.kv_budget_data(cfg, memory_gb=mem, overhead_gb=overhead, contexts=ctx,
                             kv_dtype=kv_dtype or "fp16", weight_dtype=weight_dtype or "bf16")
 
 
@@ -482,8 +533,9 @@ def compare_page(state: AppState) -> html.Div:
             html.H2("Compare two traces"),
             html.P(["Only one trace was given. Start the app with a baseline and a candidate to compare them side by "
                     "side: ", html.Code("diagnose serve --trace baseline.json.gz --trace candidate.json.gz"),
-                    ". The verdict is 'regression' when TTFT or any TPOT percentile (p50/p90/p99) is more than 50 % "
-                    "worse than the baseline (domain.md §7)."], id="compare-help"),
+                    ". The verdict is the one `diagnose compare` gives with the same rule options: 'regression' when "
+                    "TTFT or any TPOT percentile (p50/p90/p99) is more than the latency-regression rule's threshold "
+                    "(default 50 %) worse than the baseline (domain.md §7)."], id="compare-help"),
         ])
     opts = [{"label": e.label, "value": e.key} for e in state.entries]
     return html.Div([
@@ -495,15 +547,30 @@ def compare_page(state: AppState) -> html.Div:
     ])
 
 
+def compare_result(state: AppState, a_key: Any, b_key: Any):
+    """:func:`diagnose.compare.compare_reports` of two served traces with the app's rule set:
+    the same verdict ``diagnose compare`` gives with the same rule options."""
+    from diagnose.compare import compare_reports
+    from diagnose.engine import load_ruleset
+
+    rs = state.ruleset if state.ruleset is not None else load_ruleset()
+    return compare_reports(state.get(a_key).report, state.get(b_key).report, rs)
+
+
 def compare_output(state: AppState, a_key: Any, b_key: Any) -> list:
     a, b = state.get(a_key), state.get(b_key)
-    d = F.compare_data(a.report, b.report)
+    d = F.compare_view(compare_result(state, a_key, b_key))
     banner = html.Div([html.H2(d["verdict"].upper()), html.Div(d["explanation"])], id="compare-verdict",
-                      className=f"dg-banner dg-verdict-{d['verdict']}", **{"data-verdict": d["verdict"]})
-    body = [[r["metric"] + (" (gate)" if r["gate"] else ""), r["a_text"], r["b_text"],
+                      className=f"dg-banner dg-verdict-{d['css']}", **{"data-verdict": d["verdict"]})
+    body = [[r["metric"], r["a_text"], r["b_text"],
              html.Td(r["change_text"], style={"color": "#c62828" if r["worse"] else "#2e7d32" if r["worse"] is False else None})]
             for r in d["rows"]]
-    return [banner, _table(["metric", f"A: {a.label}", f"B: {b.label}", "change (B vs A)"], body, id="compare-table")]
+    cats = [[r["phase"], r["category"], r["a_text"], r["b_text"], r["change_text"]] for r in d["category_rows"]]
+    out = [banner, _table(["metric", f"A: {a.label}", f"B: {b.label}", "change (B vs A)"], body, id="compare-table")]
+    if cats:
+        out += [html.H3("Kernel time by category"),
+                _table(["phase", "category", f"A: {a.label}", f"B: {b.label}", "B / A"], cats, id="compare-categories")]
+    return out
 
 
 def not_found_page(pathname: str) -> html.Div:
@@ -514,7 +581,7 @@ def not_found_page(pathname: str) -> html.Div:
 def render_page(state: AppState, pathname: str | None, trace_key: Any) -> html.Div:
     """Router: the page for ``pathname`` on the trace selected by ``trace_key``."""
     entry = state.get(trace_key)
-    path = (pathname or "/").rstrip("/") or "/"
+    path = ((pathname if isinstance(pathname, str) else None) or "/").rstrip("/") or "/"
     builders = {
         "/": lambda: overview_page(entry),
         "/phases": lambda: phases_page(entry),
@@ -529,16 +596,34 @@ def render_page(state: AppState, pathname: str | None, trace_key: Any) -> html.D
 
 
 def timeline_zoom(state: AppState, relayout: dict | None, trace_key: Any, max_points: int = 20000):
-    """Figure for a timeline relayout event, or ``dash.no_update`` when the x axis did not change."""
-    action, rng = parse_relayout(relayout)
+    """Figure for a timeline relayout event, or ``dash.no_update`` when the x axis did not change.
+
+    The range comes from the browser: one that is not two finite numbers, or lies wholly
+    outside the trace, gives the whole trace with a note on the figure; a range reaching
+    past the trace is clipped to one trace span on either side."""
+    action, rng = parse_relayout(relayout if isinstance(relayout, dict) else None)
     if action == "none":
         return dash.no_update
     td = state.get(trace_key).timeline
-    return timeline_figure(td, max_points=max_points, x_range=rng if action == "zoom" else None)
+    note = None
+    if action == "zoom":
+        span_ms = max(int(getattr(td, "span_ns", 0) or 0), 1) / 1e6
+        lo, hi = sorted(rng)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            rng, note = None, "zoom ignored: the range was not two finite numbers"
+        elif hi < 0 or lo > span_ms:
+            rng, note = None, f"zoom ignored: the range lies outside the trace (0 to {span_ms:,.3f} ms)"
+        else:
+            rng = [max(lo, -span_ms), min(hi, 2 * span_ms)]
+    fig = timeline_figure(td, max_points=max_points, x_range=rng if action == "zoom" else None)
+    if note is not None:
+        fig.add_annotation(text=note, xref="paper", yref="paper", x=0, y=1.06, showarrow=False,
+                           font={"color": "#c62828"}, name="zoom-note")
+    return fig
 
 
 def nav_classes(pathname: str | None) -> list[str]:
-    path = (pathname or "/").rstrip("/") or "/"
+    path = ((pathname if isinstance(pathname, str) else None) or "/").rstrip("/") or "/"
     return ["active" if href == path else "" for _, href, _ in PAGES]
 
 
@@ -546,7 +631,8 @@ def nav_classes(pathname: str | None) -> list[str]:
 
 
 def create_app(paths: Sequence[str], analyses: Sequence | None = None, *, title: str = "diagnose",
-               max_points: int = 20000, verdicts: bool = True, **load_kwargs) -> dash.Dash:
+               max_points: int = 20000, verdicts: bool = True, options: Any = None, ruleset: Any = None,
+               **load_kwargs) -> dash.Dash:
     """Build the Dash app for ``paths``.
 
     Args:
@@ -556,6 +642,9 @@ def create_app(paths: Sequence[str], analyses: Sequence | None = None, *, title:
         title: browser title.
         max_points: timeline drawing budget (see :func:`timeline_figure`).
         verdicts: evaluate the symptom rules on reports that have no ``symptoms`` yet.
+        options: the shared :class:`~diagnose.options.AnalysisOptions` for every trace.
+        ruleset: the :class:`~diagnose.engine.RuleSet` for verdicts and the compare page
+            (``--threshold``, ``--rules-config``); None for the packaged defaults.
         **load_kwargs: passed to :func:`load_analyses` (``analyze``, ``progress_threshold_bytes``).
 
     Returns:
@@ -565,7 +654,9 @@ def create_app(paths: Sequence[str], analyses: Sequence | None = None, *, title:
         DiagnoseError: a trace cannot be analysed.
         ValueError: no paths, or ``analyses`` does not match ``paths``.
     """
-    state = build_state(paths, analyses, verdicts=verdicts, **load_kwargs)
+    if options is not None and analyses is None:
+        load_kwargs["options"] = options
+    state = build_state(paths, analyses, verdicts=verdicts, ruleset=ruleset, **load_kwargs)
     app = dash.Dash(__name__, title=title, suppress_callback_exceptions=True, update_title=None,
                     serve_locally=True)
     app.index_string = app.index_string.replace("{%css%}", "{%css%}<style>" + CSS + "</style>")

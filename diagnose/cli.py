@@ -12,32 +12,12 @@ import os
 import click
 
 from diagnose import __version__
+from diagnose.cli_options import analysis_options, phase_regex_alias, rule_options, split_options
 from diagnose.cliutil import OneLineGroup, guard_all, guarded
 from diagnose.errors import DiagnoseError, install_hint
 
 
-def attainment_options(fn):
-    """Shared flags for commands that compute MFU/MBU/bound ratio."""
-    opts = [
-        click.option("--model-config", type=click.Path(dir_okay=False), default=None,
-                     help="Hugging Face config.json of the model (else the trace's metadata)."),
-        click.option("--gpu", default=None, help="GPU peak-table row, e.g. H100-SXM, A100-80GB-SXM, MI300X (see `diagnose bounds --help`)."),
-        click.option("--peak-tflops", type=float, default=None, help="Override the dense FP16/BF16 peak, TFLOP/s."),
-        click.option("--bandwidth-tbps", type=float, default=None, help="Override the memory bandwidth, TB/s."),
-        click.option("--batch", type=click.IntRange(min=1), default=None, help="Sequences per step, when markers do not say."),
-        click.option("--context", type=click.IntRange(min=1), default=None, help="KV context per sequence in decode steps."),
-        click.option("--prompt-len", type=click.IntRange(min=1), default=None, help="Prompt tokens per sequence in prefill steps."),
-        click.option("--weight-dtype", type=click.Choice(["fp32", "fp16", "bf16", "fp8", "int8", "int4"]), default=None,
-                     help="Weight dtype for bytes (default: trace metadata, else bf16)."),
-        click.option("--kv-dtype", type=click.Choice(["fp32", "fp16", "bf16", "fp8", "int8", "int4"]), default=None,
-                     help="KV-cache dtype for bytes (default: the weight dtype when 16/32-bit, else bf16)."),
-    ]
-    for o in reversed(opts):
-        fn = o(fn)
-    return fn
-
-
-def _run_fleet(paths, trace_dir, executor, scheduler, fmt, out_path, options, lenient) -> None:
+def _run_fleet(paths, trace_dir, executor, scheduler, fmt, out_path, options, ruleset) -> None:
     from diagnose.multi import analyze_many, discover, render_fleet
     from diagnose.report.jsonout import to_json
 
@@ -55,7 +35,7 @@ def _run_fleet(paths, trace_dir, executor, scheduler, fmt, out_path, options, le
     paths = unique
     if scheduler and executor == "auto":
         executor = "dask"
-    result = analyze_many(paths, options=options, executor=executor, scheduler=scheduler, lenient=lenient)
+    result = analyze_many(paths, options=options, executor=executor, scheduler=scheduler, lenient=options.lenient, ruleset=ruleset)
     if out_path or fmt == "json":
         text = to_json(result)
         if out_path:
@@ -72,21 +52,6 @@ def _run_fleet(paths, trace_dir, executor, scheduler, fmt, out_path, options, le
         click.echo(f"error: {e.get('path')}: {e.get('error')}", err=True)
     if not result.get("ranks"):
         raise DiagnoseError("no trace could be analysed")
-
-
-def attach_verdicts(analysis) -> None:
-    """Evaluate the packaged symptom rules on ``analysis`` and keep the verdicts in its report."""
-    from diagnose.rules_engine import add_verdicts_to_report
-
-    report = add_verdicts_to_report(analysis.to_dict())
-    analysis.extra["symptoms"] = report.get("symptoms", [])
-    analysis.extra["not_evaluated"] = report.get("not_evaluated", [])
-
-
-def make_options(phase_regex=(), **att):
-    from diagnose.analyzers import Options
-
-    return Options(phase_regex=tuple(phase_regex), **att)
 
 
 class _Main(OneLineGroup):
@@ -135,21 +100,17 @@ def main() -> None:
               help="Dask distributed scheduler address (e.g. tcp://host:8786) for fleets that outgrow one machine.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Terminal report or the JSON report contract (README 'JSON report').")
-@click.option("--phase", "phase_regex", multiple=True, metavar="PHASE=REGEX",
-              help="Extra step-marker regex for a phase (prefill, decode, mixed); repeatable.")
+@click.option("--phase", "phase_alias", multiple=True, metavar="PHASE=REGEX",
+              help="Alias of --phase-regex (the '=' tells it from `gate --phase NAME`); repeatable.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the JSON report to this file.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the report as one self-contained HTML file (opens offline).")
-@click.option("--lenient", is_flag=True, help="Repair numbers written with a decimal comma (a locale bug) instead of refusing the file.")
-@click.option("--window", default=None, metavar="START:END",
-              help="Analyse only events starting in this window, ms from the trace start (e.g. 100:250, 500:).")
-@click.option("--device", type=int, default=None, help="Analyse only this GPU device id.")
-@attainment_options
+@analysis_options
+@rule_options
 @guarded
 def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: str, scheduler: str | None, fmt: str,
-                phase_regex: tuple[str, ...], out_path: str | None, html_path: str | None,
-                lenient: bool, window: str | None, device: int | None, **att) -> None:
+                phase_alias: tuple[str, ...], out_path: str | None, html_path: str | None, **shared) -> None:
     """Analyse a trace and print the report; with several traces (--trace repeated or
     --trace-dir), analyse them in parallel and print one row per rank with stragglers marked.
 
@@ -166,19 +127,20 @@ def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: s
             prefetch = None
     else:
         prefetch = None
-    from diagnose.pipeline import run_analysis
+    from diagnose.engine import load_ruleset
+    from diagnose.pipeline import diagnose_trace
 
+    options, rule_opts, _ = split_options(shared, phase_regex_alias(phase_alias))
+    ruleset = load_ruleset(rule_opts.rules_dir, rule_opts.rules_config, rule_opts.thresholds)
     if not trace_paths and not trace_dir:
         raise DiagnoseError("give --trace FILE (repeatable) or --trace-dir DIR")
     if trace_dir or len(trace_paths) > 1 or scheduler:
-        if html_path or window or device is not None:
-            raise DiagnoseError("--html, --window and --device apply to a single --trace")
-        _run_fleet(list(trace_paths), trace_dir, executor, scheduler, fmt, out_path, make_options(phase_regex, **att), lenient)
+        if html_path:
+            raise DiagnoseError("--html applies to a single --trace")
+        _run_fleet(list(trace_paths), trace_dir, executor, scheduler, fmt, out_path, options, ruleset)
         return
     trace_path = trace_paths[0]
-    analysis = run_analysis(trace_path, options=make_options(phase_regex, **att), lenient=lenient, show_progress=True,
-                            window=window, device=device, prefetch=prefetch)
-    attach_verdicts(analysis)
+    analysis = diagnose_trace(trace_path, options, ruleset, show_progress=True, prefetch=prefetch)
     report = analysis.to_dict()
     if out_path or fmt == "json":
         from diagnose.report.jsonout import to_json

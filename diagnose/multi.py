@@ -6,7 +6,10 @@ Public API:
 - :func:`analyze_one` analyses one trace into its JSON report (never raises for a bad trace).
 - :func:`analyze_many` runs :func:`analyze_one` over many traces serially, on local
   processes (``concurrent.futures.ProcessPoolExecutor``) or on a Dask cluster, and merges
-  the reports into one fleet result (per-rank summary rows, stragglers, errors).
+  the reports into one fleet result (per-rank summary rows, stragglers, errors; ``failed``
+  counts the traces that could not be analysed).
+- :func:`analyze_merged` gives the same fleet result for ONE file that holds several ranks
+  (SGLang's ProfileMerger output: quality code ``ranks_merged``), rank by rank.
 - :func:`find_stragglers` is the straggler rule on plain numbers.
 - :func:`render_fleet` prints the fleet result as a rich table.
 
@@ -16,6 +19,7 @@ activity DataFrame is large). With Dask, every worker must be able to read the t
 """
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -167,7 +171,7 @@ def _trace_rank(metadata: dict[str, Any]) -> tuple[int | None, int | None]:
     return as_int(di.get("rank")), as_int(di.get("world_size"))
 
 
-def analyze_one(path: str, options: Any = None, lenient: bool = False) -> dict[str, Any]:
+def analyze_one(path: str, options: Any = None, lenient: bool = False, ruleset: Any = None) -> dict[str, Any]:
     """Analyse one trace and return its JSON report (``Analysis.to_dict()`` with the symptom
     verdicts), plus ``rank``/``world_size`` (Kineto ``distributedInfo``, else the rank in the
     file name, else None) and ``rank_source`` ("trace" | "filename" | None).
@@ -175,14 +179,17 @@ def analyze_one(path: str, options: Any = None, lenient: bool = False) -> dict[s
     Never raises for a bad trace: a failure gives ``{"source": {"path": path}, "rank": ...,
     "error": "one line"}`` so that one bad rank does not stop a fleet run.
     """
-    from diagnose.cli import attach_verdicts
-    from diagnose.pipeline import run_analysis
+    from diagnose.options import AnalysisOptions
+    from diagnose.pipeline import attach_verdicts, run_analysis
 
     name_rank = rank_from_name(path)
     try:
         # one process per trace: the fleet is already parallel across traces
-        analysis = run_analysis(path, options=options, lenient=lenient, workers=1)
-        attach_verdicts(analysis)
+        opts = options or AnalysisOptions()
+        if lenient and not opts.lenient:
+            opts = opts.with_(lenient=True)
+        analysis = run_analysis(path, opts, workers=1)
+        attach_verdicts(analysis, ruleset)
         report = analysis.to_dict()
         rank, world = _trace_rank(analysis.metadata)
     except Exception as e:  # noqa: BLE001 - one bad rank must not kill the fleet run
@@ -296,8 +303,8 @@ def _resolve_executor(executor: str, n: int, scheduler: Any) -> str:
     return "process" if n > 1 and (os.cpu_count() or 1) > 1 else "serial"
 
 
-def _run_serial(paths: list[str], options: Any, lenient: bool) -> list[dict[str, Any]]:
-    return [analyze_one(p, options, lenient) for p in paths]
+def _run_serial(paths: list[str], options: Any, lenient: bool, ruleset: Any = None) -> list[dict[str, Any]]:
+    return [analyze_one(p, options, lenient, ruleset) for p in paths]
 
 
 def _failed(path: str, e: BaseException) -> dict[str, Any]:
@@ -313,7 +320,7 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _run_process(paths: list[str], options: Any, lenient: bool, workers: int | None) -> tuple[list[dict[str, Any]], int]:
+def _run_process(paths: list[str], options: Any, lenient: bool, workers: int | None, ruleset: Any = None) -> tuple[list[dict[str, Any]], int]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -321,7 +328,7 @@ def _run_process(paths: list[str], options: Any, lenient: bool, workers: int | N
     # spawn: safe whatever threads the caller runs (fork with threads can deadlock).
     with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_ignore_sigint) as pool:
-        futs = [pool.submit(analyze_one, p, options, lenient) for p in paths]
+        futs = [pool.submit(analyze_one, p, options, lenient, ruleset) for p in paths]
         out = []
         for p, f in zip(paths, futs):
             try:
@@ -340,7 +347,7 @@ def _import_distributed():
     return Client
 
 
-def _run_dask(paths: list[str], options: Any, lenient: bool, scheduler: Any, workers: int | None) -> tuple[list[dict[str, Any]], int | None]:
+def _run_dask(paths: list[str], options: Any, lenient: bool, scheduler: Any, workers: int | None, ruleset: Any = None) -> tuple[list[dict[str, Any]], int | None]:
     Client = _import_distributed()
     own = True
     try:
@@ -358,7 +365,7 @@ def _run_dask(paths: list[str], options: Any, lenient: bool, scheduler: Any, wor
         raise DiagnoseError(f"cannot connect to the Dask scheduler {scheduler!r}: {_one_line(e)}") from None
     try:
         keys = [f"diagnose-{i}-{os.path.basename(p)}" for i, p in enumerate(paths)]
-        futs = client.map(analyze_one, paths, options=options, lenient=lenient, key=keys, pure=False)
+        futs = client.map(analyze_one, paths, options=options, lenient=lenient, ruleset=ruleset, key=keys, pure=False)
         out = []
         for p, f in zip(paths, futs):
             try:
@@ -401,12 +408,13 @@ def _notes(rows: list[dict[str, Any]], n_traces: int) -> list[str]:
 
 
 def analyze_many(paths: str | Sequence[str], options: Any = None, executor: str = "auto",
-                 scheduler: Any = None, workers: int | None = None, lenient: bool = False) -> dict[str, Any]:
+                 scheduler: Any = None, workers: int | None = None, lenient: bool = False, ruleset: Any = None) -> dict[str, Any]:
     """Analyse every trace and merge the reports into one fleet result.
 
     Args:
         paths: trace files (their order is kept), or a directory (see :func:`discover`).
-        options: :class:`diagnose.analyzers.Options` for every trace.
+        options: :class:`diagnose.options.AnalysisOptions` for every trace.
+        ruleset: :class:`diagnose.engine.RuleSet` for the verdicts (None: the packaged rules).
         executor: "serial"; "process" (local ``ProcessPoolExecutor``, spawn start method);
             "dask" (one task per trace on a ``dask.distributed`` cluster); "auto" = "dask" when
             ``scheduler`` is given, else "process" when there is more than one trace and more
@@ -434,19 +442,24 @@ def analyze_many(paths: str | Sequence[str], options: Any = None, executor: str 
     if not paths:
         raise DiagnoseError("no trace files to analyse")
     if options is None:
-        from diagnose.analyzers import Options
+        from diagnose.options import AnalysisOptions
 
-        options = Options()
+        options = AnalysisOptions()
     kind = _resolve_executor(executor, len(paths), scheduler)
     t0 = time.perf_counter()
     if kind == "serial":
-        results, n_workers = _run_serial(paths, options, lenient), 1
+        results, n_workers = _run_serial(paths, options, lenient, ruleset), 1
     elif kind == "process":
-        results, n_workers = _run_process(paths, options, lenient, workers)
+        results, n_workers = _run_process(paths, options, lenient, workers, ruleset)
     else:
-        results, n_workers = _run_dask(paths, options, lenient, scheduler, workers)
+        results, n_workers = _run_dask(paths, options, lenient, scheduler, workers, ruleset)
     elapsed = time.perf_counter() - t0
+    return _fleet_result(results, kind, n_workers, elapsed, len(paths))
 
+
+def _fleet_result(results: list[dict[str, Any]], kind: str, n_workers: int | None, elapsed: float,
+                  n_traces: int) -> dict[str, Any]:
+    """The fleet result of per-rank reports (failed ones hold ``error``); see :func:`analyze_many`."""
     reports = [r for r in results if "error" not in r]
     errors = [{"rank": r.get("rank"), "path": r["source"]["path"], "error": r["error"]} for r in results if "error" in r]
     rows = [summarize(r) for r in reports]
@@ -468,10 +481,70 @@ def analyze_many(paths: str | Sequence[str], options: Any = None, executor: str 
         "ranks": rows,
         "stragglers": stragglers,
         "straggler_rule": {"metric": metric, **stats, "definition": STRAGGLER_DEFINITION},
-        "notes": _notes(rows, len(paths)),
+        "notes": _notes(rows, n_traces),
         "errors": errors,
+        "failed": len(errors),
         "reports": reports,
     }
+
+
+def analyze_merged(trace: Any, options: Any = None, ruleset: Any = None) -> dict[str, Any]:
+    """Analyse a file holding several ranks (SGLang's ProfileMerger output, quality code
+    ``ranks_merged``) rank by rank, into the fleet result of :func:`analyze_many`: one row and
+    one report per rank, as if each rank had been its own file in ``--trace-dir``.
+
+    Args:
+        trace: a loaded :class:`~diagnose.trace.Trace` (not sliced), or a path to load.
+        options: :class:`diagnose.options.AnalysisOptions`; ``window`` and ``device`` apply to
+            each rank on its own (as to each file of a ``--trace-dir`` run).
+        ruleset: :class:`diagnose.engine.RuleSet` for the verdicts (None: the packaged rules).
+
+    Returns:
+        The :func:`analyze_many` result (``executor`` "serial"); each report and row also has
+        ``rank_label`` / ``label`` (e.g. "TP01-DP00-PP00-EP00"); ``rank`` is the rank's
+        position in label order and ``rank_source`` is "merged". A trace that is not merged
+        gives one row. A rank that cannot be analysed is listed in ``errors``.
+
+    Raises:
+        DiagnoseError: the path cannot be loaded.
+    """
+    from diagnose.analyzers import analyze
+    from diagnose.options import AnalysisOptions
+    from diagnose.pipeline import attach_verdicts
+    from diagnose.trace import load_trace, split_ranks
+    from diagnose.trace.slice import parse_window, slice_trace
+
+    opts = options or AnalysisOptions()
+    if isinstance(trace, (str, os.PathLike)):
+        trace = load_trace(os.fspath(trace), lenient=bool(getattr(opts, "lenient", False)))
+    path = trace.source_path
+    window_ms = parse_window(getattr(opts, "window", None))
+    device = getattr(opts, "device", None)
+    t0 = time.perf_counter()
+    parts = split_ranks(trace)
+    results: list[dict[str, Any]] = []
+    for i, (label, one) in enumerate(parts):
+        try:
+            if window_ms is not None or device is not None:
+                one = dataclasses.replace(one, quality=list(one.quality))  # the caller's trace stays whole
+                slice_trace(one, window_ms, device)
+            analysis = analyze(one, opts)
+            attach_verdicts(analysis, ruleset, device)
+            report = analysis.to_dict()
+        except Exception as e:  # noqa: BLE001 - one bad rank must not stop the others
+            report = {"source": {"path": path}, "error": _one_line(e)}
+        if label:
+            report.update(rank=i, rank_source="merged", rank_label=label, world_size=len(parts))
+        else:
+            rank, world = _trace_rank(trace.metadata)
+            report.update(rank=rank, rank_source="trace" if rank is not None else None, world_size=world)
+        results.append(report)
+    out = _fleet_result(results, "serial", 1, time.perf_counter() - t0, len(parts))
+    for row, report in zip(out["ranks"], out["reports"]):
+        row["label"] = report.get("rank_label")
+    for err, report in zip(out["errors"], [r for r in results if "error" in r]):
+        err["label"] = report.get("rank_label")
+    return out
 
 
 # ---------------------------------------------------------------- terminal
@@ -502,7 +575,7 @@ def render_fleet(result: dict[str, Any], console: Any) -> None:
         rank = "-" if r.get("rank") is None else str(r["rank"])
         t.add_row(
             rank + (" SLOW" if r.get("straggler") else ""),
-            escape(os.path.basename(r.get("path") or "")),
+            escape(os.path.basename(r.get("path") or "") + (f" [{r['label']}]" if r.get("label") else "")),
             escape(r.get("device") or "?"),
             r.get("phase") or "-",
             "-" if r.get("steps") is None else str(r["steps"]),
@@ -530,5 +603,6 @@ def render_fleet(result: dict[str, Any], console: Any) -> None:
     for n in result.get("notes") or []:
         console.print(f"[yellow]note[/]: {escape(n)}", highlight=False)
     for e in errs:
+        where = os.path.basename(e.get("path") or "") + (f" [{e['label']}]" if e.get("label") else "")
         console.print(f"[red]error[/]: rank {e.get('rank') if e.get('rank') is not None else '?'} "
-                      f"({escape(os.path.basename(e.get('path') or ''))}): {escape(str(e.get('error')))}", highlight=False)
+                      f"({escape(where)}): {escape(str(e.get('error')))}", highlight=False)

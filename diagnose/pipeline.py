@@ -1,9 +1,15 @@
-"""One entry point from a path to an :class:`~diagnose.analyzers.Analysis` (CLI, app, tests)."""
+"""load -> analyze -> verdicts: the one path from a trace file to a report.
+
+:func:`run_analysis` loads and analyses a trace (an :class:`~diagnose.analyzers.Analysis`);
+:func:`attach_verdicts` evaluates the trace-scope rules on it: the only place verdicts are
+attached to a report (the CLI, the web app, the fleet runner and the notebook API all call it).
+"""
 from __future__ import annotations
 
 import os
 
-from diagnose.analyzers import Analysis, Options, analyze
+from diagnose.analyzers import Analysis, analyze
+from diagnose.options import AnalysisOptions
 from diagnose.trace import load_trace
 from diagnose.trace.reading import Prefetch
 from diagnose.trace.slice import parse_window, slice_trace
@@ -26,17 +32,13 @@ def input_size(path: str) -> int:
         return 0
 
 
-def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options | None = None, lenient: bool = False,
-                 show_progress: bool = False, window: str | None = None, device: int | None = None,
+def run_analysis(path: str, options: AnalysisOptions | None = None, show_progress: bool = False,
                  prefetch: Prefetch | None = None, workers: int | None = None) -> Analysis:
     """Load ``path`` and run every analyzer.
 
     Args:
-        path: trace file.
-        phase_regex: shorthand for ``Options(phase_regex=...)`` when ``options`` is None.
-        options: every analysis option.
-        lenient: repair numbers written with a decimal comma (Kineto).
-        window: ``START:END`` in ms from the trace start (``--window``); device: one device.
+        path: trace file (Kineto JSON, optionally gzipped, or nsys SQLite).
+        options: every analysis option (``window``, ``device`` and ``lenient`` apply to the load).
         show_progress: draw a progress bar on stderr (when it is a terminal) for inputs over
             100 MB (uncompressed).
         prefetch: a :class:`~diagnose.trace.reading.Prefetch` already reading ``path``.
@@ -45,7 +47,8 @@ def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options 
     Raises:
         DiagnoseError: unusable input or options.
     """
-    opts = options or Options(phase_regex=tuple(phase_regex))
+    opts = options or AnalysisOptions()
+    window, device, lenient = opts.window, opts.device, opts.lenient
     window_ms = parse_window(window)
 
     def load(progress=None):
@@ -78,3 +81,54 @@ def run_analysis(path: str, phase_regex: tuple[str, ...] = (), options: Options 
         result = analyze(trace, opts)
         bar.update(task, completed=1.0)
     return result
+
+
+def attach_verdicts(analysis_or_report, ruleset=None, device: int | None = None) -> dict:
+    """Evaluate the trace-scope rules and put ``symptoms`` and ``not_evaluated`` into the
+    report; return the report. The only place verdicts are attached to a report.
+
+    Args:
+        analysis_or_report: an :class:`~diagnose.analyzers.Analysis` (its cached report and
+            ``extra`` are updated) or a JSON report dict (updated in place).
+        ruleset: a :class:`diagnose.engine.RuleSet` (thresholds, disabled rules); None for the
+            packaged rules with their default thresholds.
+        device: the device whose numbers the rules read (default: the most GPU busy time).
+
+    Raises:
+        RuleError: invalid rules or overrides.
+    """
+    from diagnose.engine import evaluate, load_ruleset
+    from diagnose.findings import findings_from_report, unreliable_findings
+
+    rs = ruleset if ruleset is not None else load_ruleset()
+    is_analysis = isinstance(analysis_or_report, Analysis)
+    report = analysis_or_report.to_dict() if is_analysis else analysis_or_report
+    verdicts = evaluate(rs.rules, findings_from_report(report, device), scope="trace", overrides=rs.overrides,
+                        unreliable=unreliable_findings(report, device))
+    report["symptoms"] = verdicts.symptoms
+    report["not_evaluated"] = verdicts.not_evaluated
+    if is_analysis:
+        analysis_or_report.extra["symptoms"] = verdicts.symptoms
+        analysis_or_report.extra["not_evaluated"] = verdicts.not_evaluated
+    return report
+
+
+def ensure_verdicts(report: dict, ruleset=None) -> dict:
+    """:func:`attach_verdicts` on a report dict that has no ``symptoms`` yet (a report that has
+    them is left as it is). When the rules fail, the report gets no verdicts and
+    ``report["verdicts_error"]`` says why (the web and HTML reports show it)."""
+    if report.get("symptoms") is not None:
+        return report
+    try:
+        attach_verdicts(report, ruleset)
+    except Exception as e:  # noqa: BLE001 - a broken rule must not take the report down
+        report.pop("symptoms", None)
+        report["verdicts_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    return report
+
+
+def diagnose_trace(path: str, options: AnalysisOptions | None = None, ruleset=None, **load_kw) -> Analysis:
+    """:func:`run_analysis` + :func:`attach_verdicts`: the analysis with its verdicts."""
+    analysis = run_analysis(path, options, **load_kw)
+    attach_verdicts(analysis, ruleset, options.device if options else None)
+    return analysis

@@ -40,7 +40,9 @@ from diagnose.app.timeline import (  # noqa: E402
     prepare_timeline,
     timeline_figure,
 )
-from diagnose.pipeline import run_analysis  # noqa: E402
+from diagnose.compare import compare_reports  # noqa: E402
+from diagnose.engine import load_ruleset  # noqa: E402
+from diagnose.pipeline import ensure_verdicts, run_analysis  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
@@ -444,7 +446,7 @@ def test_banner_and_cards():
 
 
 def test_cards_from_the_rule_engine(sglang):
-    r = F.ensure_verdicts(sglang.to_dict())
+    r = ensure_verdicts(sglang.to_dict())
     assert isinstance(r["symptoms"], list) and isinstance(r["not_evaluated"], list)
     cards = F.symptom_cards_data(r)
     if not cards:
@@ -467,7 +469,7 @@ def test_cards_from_the_rule_engine(sglang):
 
 def test_ensure_verdicts_keeps_existing_symptoms():
     r = {"symptoms": [SYMPTOMS[0]], "phases": [], "latency": {}}
-    assert F.ensure_verdicts(r)["symptoms"] == [SYMPTOMS[0]]
+    assert ensure_verdicts(r)["symptoms"] == [SYMPTOMS[0]]
 
 
 def test_evidence_nested_thresholds():
@@ -528,29 +530,29 @@ def test_kv_view_and_contexts():
 
 
 def _lat_report(ttft, p50, p90, p99, idle=0.1):
-    return {"latency": {"ttft_ms": ttft, "tpot_ms": {"p50": p50, "p90": p90, "p99": p99}},
-            "phases": [{"name": "all", "device": 0, "gpu_idle_share": idle}]}
+    return {"latency": {"ttft_ms": ttft, "tpot_ms": {"p50": p50, "p90": p90, "p99": p99},
+                        "prefill_step_ms": {}, "decode_step_ms": {}},
+            "phases": [{"name": "all", "device": 0, "gpu_idle_share": idle, "gpu_busy_ms": 1.0}], "steps": [], "quality": []}
 
 
-def test_compare_regression_verdict():
+def test_compare_view_uses_the_rule_verdict():
+    rs = load_ruleset()
     a = _lat_report(100.0, 20.0, 25.0, 30.0)
-    d = F.compare_data(a, _lat_report(100.0, 20.0, 25.0, 46.0))  # p99 +53 %
-    assert d["verdict"] == "regression" and d["regressions"] == ["TPOT p99"]
-    assert F.compare_data(a, _lat_report(140.0, 20.0, 25.0, 44.0))["verdict"] == "ok"  # +40 %, +46.7 %
-    assert F.compare_data(a, _lat_report(151.0, 10.0, 10.0, 10.0))["regressions"] == ["TTFT"]
-    none = F.compare_data({"latency": {}, "phases": []}, a)
-    assert none["verdict"] == "inconclusive"
-    row = next(r for r in F.compare_data(a, _lat_report(100.0, 20.0, 25.0, 30.0, idle=0.3))["rows"]
-               if r["key"] == "all_gpu_idle_share")
-    assert row["delta"] == pytest.approx(0.2) and row["change_text"] == "+20.0 pp" and row["worse"] is True
+    d = F.compare_view(compare_reports(a, _lat_report(100.0, 20.0, 25.0, 46.0), rs))  # p99 x1.53
+    assert d["verdict"] == "regression" and d["css"] == "regression"
+    assert F.compare_view(compare_reports(a, _lat_report(140.0, 20.0, 25.0, 44.0), rs))["verdict"] == "no regression"  # x1.40, x1.467
+    none = F.compare_view(compare_reports({"latency": {}, "phases": [], "steps": [], "quality": []}, a, rs))
+    assert none["verdict"] == "not comparable" and none["css"] == "inconclusive"
+    row = next(r for r in F.compare_view(compare_reports(a, _lat_report(100.0, 20.0, 25.0, 30.0, idle=0.3), rs))["rows"]
+               if r["finding"] == "all.gpu_idle_share")
+    assert row["change_text"] == "+20.0 pp" and row["worse"] is True
 
 
 def test_compare_real_traces(vllm, tiny):
-    d = F.compare_data(tiny.to_dict(), vllm.to_dict())
-    p99 = next(r for r in d["rows"] if r["key"] == "tpot_p99_ms")
-    assert p99["a"] == tiny.to_dict()["latency"]["tpot_ms"]["p99"] and p99["b"] == vllm.to_dict()["latency"]["tpot_ms"]["p99"]
-    assert p99["change"] == pytest.approx(p99["b"] / p99["a"] - 1)
-    assert d["verdict"] == "ok"
+    d = compare_reports(tiny.to_dict(), vllm.to_dict(), load_ruleset())
+    p99 = next(r for r in d.rows if r["finding"] == "latency.tpot_p99_ms")
+    assert p99["baseline"] == tiny.to_dict()["latency"]["tpot_ms"]["p99"] and p99["candidate"] == vllm.to_dict()["latency"]["tpot_ms"]["p99"]
+    assert p99["ratio"] == pytest.approx(p99["candidate"] / p99["baseline"])
 
 
 # -- server ----------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from werkzeug.serving import make_server  # noqa: E402
 from diagnose.app.html import write_html  # noqa: E402
 from diagnose.app.server import create_app  # noqa: E402
 from diagnose.app.timeline import timeline_figure  # noqa: E402
-from diagnose.cli import attach_verdicts
+from diagnose.pipeline import attach_verdicts
 from diagnose.pipeline import run_analysis  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import ROOT, shared_trace
-from diagnose.analyzers import Options, analyze
+from diagnose.analyzers import analyze
+from diagnose.options import AnalysisOptions as Options
 from diagnose.analyzers.attainment import op_flops
 from diagnose.cli import main
 from diagnose.pipeline import run_analysis

@@ -222,14 +222,14 @@ def test_gate_unreliable_quality_code_fails(kineto, tmp_path, monkeypatch):
     import diagnose.rules_cli as rc
 
     trace = graph_decode(kineto, tmp_path / "graph.json")
-    real = rc._analyse
+    real = rc.analyse_report
 
-    def flagged(path, phase_regex=()):
-        rep = real(path, phase_regex)
-        rep["quality"].append({"code": "graph_coverage_low", "message": "coverage 40 %"})
+    def flagged(path, options):
+        rep = real(path, options)
+        rep["quality"] = rep["quality"] + [{"code": "graph_coverage_low", "message": "coverage 40 %"}]
         return rep
 
-    monkeypatch.setattr(rc, "_analyse", flagged)
+    monkeypatch.setattr(rc, "analyse_report", flagged)
     r = run(gate_command, ["--trace", trace])
     assert r.exit_code == 1 and "quality: graph_coverage_low" in r.output
     assert run(gate_command, ["--trace", trace, "--allow-partial"]).exit_code == 0

@@ -24,7 +24,8 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import SHARED_TRACES, kineto_files, shared_trace
-from diagnose.cli import attach_verdicts, main
+from diagnose.cli import main
+from diagnose.pipeline import attach_verdicts
 from diagnose.errors import TraceFormatError
 from diagnose.pipeline import run_analysis
 from diagnose.report.jsonout import to_json
@@ -32,7 +33,7 @@ from diagnose.trace import kineto as loader
 from diagnose.trace import reading
 from diagnose.trace.reading import Prefetch, read_bytes_partial, sniff
 
-FRAMES = ("gpu", "runtime", "cpu_ops", "annotations", "gpu_syncs")
+FRAMES = ("gpu", "runtime", "cpu_ops", "annotations", "gpu_syncs", "overhead")
 MiB = 1 << 20
 
 
@@ -42,13 +43,16 @@ def _quality(t):
 
 
 def assert_same(a, b) -> None:
-    """Same frames, quality notes, partial flag, devices and metadata (every top-level key)."""
+    """Same frames, quality notes, partial flag, devices, metadata (every top-level key),
+    event counts (python_function) and merged-rank labels."""
     for f in FRAMES:
         pd.testing.assert_frame_equal(getattr(a, f), getattr(b, f), obj=f)
     assert _quality(a) == _quality(b)
     assert a.partial == b.partial
     assert a.devices == b.devices
     assert a.metadata == b.metadata
+    assert a.counts == b.counts
+    assert a.ranks == b.ranks and a._rank_counts == b._rank_counts
 
 
 class _RaisesOnEvents(msgspec.Struct):
@@ -488,15 +492,51 @@ def test_broken_event_same_error_on_every_path(kineto, monkeypatch, fork_allowed
         assert str(chunked.value) == str(whole.value)
 
 
+def _begin_end_doc(kineto) -> dict:
+    """The synthetic trace with its annotations written as B/E pairs: the begins in place,
+    every end at the end of the document (so that pairs straddle slices and workers), plus
+    one end without a begin; and a python_function event."""
+    b = _synthetic(kineto, n=20)
+    ends = []
+    for e in b.events:
+        if e["cat"] == "user_annotation":
+            e["ph"] = "B"
+            ends.append({"ph": "E", "pid": e["pid"], "tid": e["tid"], "ts": e["ts"] + e.pop("dur")})
+    ends.append({"ph": "E", "pid": 100, "tid": 999, "ts": 3.0})
+    b.events += ends
+    b.events.append({"ph": "X", "cat": "python_function", "name": "f", "pid": 100, "tid": 100, "ts": 3, "dur": 1.5})
+    return b.doc()
+
+
+def _merged_doc(kineto) -> dict:
+    """Two ranks in one file, SGLang ProfileMerger style (pids "[LABEL] pid", same ids)."""
+    events = []
+    for label in ("TP00-DP00-PP00-EP00", "TP01-DP00-PP00-EP00"):
+        for e in _synthetic(kineto, n=20).events:
+            events.append({**e, "pid": f"[{label}] {e['pid']}"})
+        events.append({"ph": "X", "cat": "python_function", "name": "f", "pid": f"[{label}] 100", "tid": 100, "ts": 3, "dur": 1.5})
+    return {"schemaVersion": 1, "traceEvents": events}
+
+
 def _odd_inputs(kineto) -> dict[str, bytes]:
     b = _synthetic(kineto, n=20)
     doc = json.dumps(b.doc()).encode()
+    xpu = b.doc()
+    for e in xpu["traceEvents"]:
+        if e["cat"] == "cuda_runtime":
+            e["cat"] = "xpu_runtime"
     return {
         "legacy_list": json.dumps(b.events).encode(),
         "invalid_utf8": doc.replace(b"kernel_3", b"kern\xff_3"),
         "json_cut": doc[:len(doc) * 2 // 3],
         "decimal_comma": doc.replace(b'"stream": 7, "correlation": 1001', b'"stream": 7, "x": 0,5, "correlation": 1001', 1),
         "string_id": doc.replace(b'"correlation": 1005', b'"correlation": "1005"'),
+        "out_of_range": doc.replace(b'"ts": 1220.25', b'"ts": 1e400', 1),
+        "bad_value": doc.replace(b'"ts": 1320.25, "dur": 30', b'"ts": 1320.25, "dur": "abc"', 1),
+        "missing_dur": doc.replace(b'"ts": 1420.25, "dur": 30, ', b'"ts": 1420.25, ', 1),
+        "begin_end": json.dumps(_begin_end_doc(kineto)).encode(),
+        "merged_ranks": json.dumps(_merged_doc(kineto)).encode(),
+        "xpu_runtime": json.dumps(xpu).encode(),
     }
 
 
@@ -507,6 +547,12 @@ ODD_EXPECTED = {
     "json_cut": ((["truncated"], 13), (["truncated"], 13)),
     "decimal_comma": ("decimal comma", (["decimal_comma_repaired"], 20)),
     "string_id": (([], 20), ([], 20)),
+    "out_of_range": ((["out_of_range_value"], 19), (["out_of_range_value"], 19)),
+    "bad_value": ((["bad_value"], 19), (["bad_value"], 19)),
+    "missing_dur": ((["missing_duration"], 19), (["missing_duration"], 19)),
+    "begin_end": ((["unmatched_begin_end"], 20), (["unmatched_begin_end"], 20)),
+    "merged_ranks": ((["ranks_merged"], 40), (["ranks_merged"], 40)),
+    "xpu_runtime": (([], 20), ([], 20)),
 }
 
 
@@ -546,6 +592,16 @@ def test_odd_inputs_same_on_every_path_and_buffer_type(kineto, monkeypatch, fork
                 assert_same(ref, r)
     if case == "string_id":
         assert ref.gpu.loc[ref.gpu["name"] == "kernel_4", "correlation"].tolist() == [1005]
+    if case == "begin_end":  # ann{i}: 70 µs from 100 i µs, as the X events were
+        assert ref.annotations["name"].tolist() == [f"ann{i}" for i in range(20)]
+        assert (ref.annotations["end_ns"] - ref.annotations["start_ns"]).tolist() == [70_000] * 20
+        assert ref.counts == {"python_function": 1, "python_function_ns": 1500}
+    if case == "merged_ranks":  # rank r's ids are r << 40 | id
+        assert ref.ranks == ["TP00-DP00-PP00-EP00", "TP01-DP00-PP00-EP00"]
+        assert ref.gpu.groupby("rank")["correlation"].min().tolist() == [1001, (1 << 40) | 1001]
+        assert ref._rank_counts == {lab: {"python_function": 1, "python_function_ns": 1500} for lab in ref.ranks}
+    if case == "xpu_runtime":
+        assert ref.runtime["api_kind"].tolist() == ["launch"] * 20
 
 
 # 3. reading: sniff and Prefetch -----------------------------------------------------------

@@ -215,7 +215,7 @@ def test_bad_executor_and_missing_dask(monkeypatch, kineto, tmp_path):
     with pytest.raises(DiagnoseError, match="unknown executor"):
         analyze_many([p], executor="threads")
     monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed -> ImportError
-    with pytest.raises(DiagnoseError, match=r"pip install 'diagnose\[dask\]'"):
+    with pytest.raises(DiagnoseError, match=r"pip install 'diagnose-llm\[dask\]'"):
         analyze_many([p], executor="dask")
 
 

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from diagnose.analyzers import analyze
 from diagnose.cli import main
+from diagnose.options import AnalysisOptions
 from diagnose.errors import TraceFormatError
 from diagnose.pipeline import run_analysis
 from diagnose.trace import load_trace
@@ -50,7 +51,7 @@ def test_decimal_comma_lenient_gives_same_timings(kineto, tmp_path):
     (tmp_path / "clean.json").write_text(clean)
     (tmp_path / "bad.json").write_text(bad)
     a = run_analysis(str(tmp_path / "clean.json"))
-    b = run_analysis(str(tmp_path / "bad.json"), lenient=True)
+    b = run_analysis(str(tmp_path / "bad.json"), AnalysisOptions(lenient=True))
     assert b.phase("all").to_dict()["gpu_busy_ms"] == a.phase("all").gpu_busy_ms == 0.01
     assert b.phase("all").launch_gap_share == a.phase("all").launch_gap_share
     assert _codes(b)["decimal_comma_repaired"].count == 1
@@ -346,10 +347,10 @@ def test_window_and_device_slices(kineto, tmp_path):
         b.kernel("k", i * 1000, 100, device=0)
     b.kernel("k1", 500, 50, device=1, stream=9)
     p = str(b.write(tmp_path / "w.json"))
-    a = run_analysis(p, window="2:5")
+    a = run_analysis(p, AnalysisOptions(window="2:5"))
     assert a.phase("all", 0).kernel_count == 3  # kernels starting at 2, 3, 4 ms
     assert "sliced_window" in _codes(a)
-    a = run_analysis(p, device=1)
+    a = run_analysis(p, AnalysisOptions(device=1))
     assert [d["id"] for d in a.devices] == [1] and a.phase("all", 1).kernel_count == 1
     for args in (["--window", "5"], ["--window", "5:2"], ["--window", "a:b"], ["--device", "7"]):
         r = _run(["run", "--trace", p, *args])

@@ -14,22 +14,21 @@ from hypothesis import strategies as st
 
 from diagnose.errors import DiagnoseError
 from diagnose.rules_cli import rules_group
-from diagnose.rules_engine import (
-    FINDINGS_CATALOG,
-    RuleError,
-    add_verdicts_to_report,
-    catalog_regex,
-    compile_condition,
-    evaluate,
-    findings_from_metrics,
-    findings_from_report,
-    findings_from_reports,
-    load_rules,
-    load_rules_config,
-    parse_threshold_specs,
-    rules_markdown,
-    run_fixtures,
-)
+from diagnose.compare import compare_findings
+from diagnose.engine import RuleError, compile_condition, evaluate, load_rules, load_rules_config, parse_threshold_specs
+from diagnose.engine.docs import rules_markdown
+from diagnose.engine.fixtures import run_fixtures
+from diagnose.catalog import catalog, catalog_regex
+from diagnose.findings import findings_from_metrics, findings_from_report
+from diagnose.pipeline import attach_verdicts as add_verdicts_to_report
+from diagnose.sweep import sweep_findings, sweep_points
+
+
+def findings_from_reports(reports, labels):
+    """Compare findings for ["baseline", "candidate"], else sweep findings."""
+    if [str(x) for x in labels] == ["baseline", "candidate"]:
+        return compare_findings(reports[0], reports[1])
+    return sweep_findings(sweep_points(reports, labels))
 from diagnose.trace.kineto import load_kineto
 from diagnose.analyzers import analyze
 
@@ -240,7 +239,7 @@ def test_deeply_nested_condition_refused_without_crash():
 
 
 def test_engine_source_never_calls_eval_or_exec():
-    src = (ROOT / "diagnose" / "rules_engine.py").read_text()
+    src = "\n".join(p.read_text() for p in sorted((ROOT / "diagnose" / "engine").glob("*.py")))
     code_lines = [ln for ln in src.splitlines() if not ln.lstrip().startswith(("#", '"', "*", "``"))]
     body = "\n".join(code_lines)
     assert not re.search(r"(?<![\w.])(eval|exec|compile)\(", body)
@@ -628,8 +627,8 @@ def test_docs_rules_md_is_generated_and_current():
     assert doc == rules_markdown(load_rules()), "regenerate: diagnose rules doc > docs/rules.md"
     for r in load_rules():
         assert f"### {r.id}" in doc
-    for name, _, _ in FINDINGS_CATALOG:
-        assert f"`{name}`" in doc
+    for f in catalog():
+        assert f"`{f.name}`" in doc
     for section in ("**What it detects.**", "**Why it matters.**", "**How to verify.**", "**Fix.**", "**References.**"):
         assert doc.count(section) == len(EXPECTED_IDS)
 
@@ -650,8 +649,6 @@ def test_rules_cli_bad_rules_dir_exits_2(tmp_path):
 
 
 def test_packaged_rules_pass_schema_validation():
-    from diagnose.rules_engine import load_rules
-
     strict = load_rules(validate=True)
     fast = load_rules()
     assert [r.id for r in strict] == [r.id for r in fast]

@@ -35,6 +35,10 @@ import pandas as pd
 
 from diagnose import accounting
 from diagnose.accounting import ModelSpec
+from diagnose.analyzers.base import Context, Finding
+from diagnose.errors import DiagnoseError
+from diagnose.hardware import peak_from_overrides
+from diagnose.numeric import div, num
 from diagnose.hardware import GpuPeak
 from diagnose.trace.kineto import parse_input_dims
 from diagnose.trace.model import Trace
@@ -296,3 +300,121 @@ def phase_attainment(phase: str, psteps: pd.DataFrame, inp: AttainmentInputs, gr
                 out["bound_s"] = float(lower.sum())
     out["attainment_missing"] = missing
     return out
+
+
+def _gpu_dict(peak) -> dict[str, Any] | None:
+    if peak is None:
+        return None
+    return {
+        "name": peak.name,
+        "peak_tflops": peak.dense_fp16_tflops,
+        "peak_tbps": peak.memory_bandwidth_tbps,
+        "ridge_flop_per_byte": peak.ridge_flop_per_byte,
+        "source": peak.source,
+        "overrides": list(peak.overrides),
+    }
+
+
+def _model_dict(inp: AttainmentInputs) -> dict[str, Any] | None:
+    if inp.spec is None:
+        return None
+    sp = inp.spec
+    return {
+        "name": sp.name,
+        "source": inp.spec_source,
+        "params_total": sp.params_total,
+        "weight_dtype": inp.weight_dtype,
+        "weight_bytes": accounting.weight_bytes(sp, inp.weight_dtype),
+        "kv_dtype": inp.kv_dtype,
+        "kv_bytes_per_token": accounting.kv_bytes_per_token(sp, inp.kv_dtype),
+    }
+
+
+_DTYPE_ALIASES = {"float32": "fp32", "torch.float32": "fp32", "float16": "fp16", "torch.float16": "fp16", "half": "fp16",
+                  "bfloat16": "bf16", "torch.bfloat16": "bf16", "fp32": "fp32", "fp16": "fp16", "bf16": "bf16",
+                  "fp8": "fp8", "int8": "int8", "int4": "int4"}
+
+
+def attainment_inputs(trace: Trace, options, dev_list: list[dict], note) -> AttainmentInputs:
+    """Resolve model config, peaks, dtypes and shapes from flags, then trace metadata.
+
+    Raises:
+        DiagnoseError: an unreadable ``--model-config``, unknown ``--gpu`` or bad override.
+    """
+    inp = AttainmentInputs(batch=options.batch, context=options.context, prompt_len=options.prompt_len)
+    meta = trace.metadata.get("diagnose") if isinstance(trace.metadata.get("diagnose"), dict) else {}
+    if options.model_config:
+        inp.spec = accounting.load_model_config(options.model_config)
+        inp.spec_source = options.model_config
+    elif isinstance(meta.get("model_config"), dict):
+        try:
+            inp.spec = ModelSpec.from_hf_config(meta["model_config"], name=meta["model_config"].get("_name_or_path") or "trace metadata")
+            inp.spec_source = "trace metadata"
+        except DiagnoseError as e:
+            note("model_config_unusable", f"model config in trace metadata is unusable: {e}")
+    wd = options.weight_dtype or _DTYPE_ALIASES.get(str(meta.get("dtype", "")).lower()) or "bf16"
+    inp.weight_dtype = wd
+    inp.kv_dtype = options.kv_dtype or (wd if wd in ("fp32", "fp16", "bf16") else "bf16")
+    if isinstance(meta.get("prefill_logits_positions"), int) and meta["prefill_logits_positions"] > 1:
+        inp.lm_head = "all"  # a plain Hugging Face forward computes logits for every position
+    name = dev_list[0]["name"] if dev_list else ""
+    inp.peak = peak_from_overrides(options.gpu, options.peak_tflops, options.bandwidth_tbps, device_name=name)
+    if inp.peak is None and dev_list:
+        note("unknown_device_peak", f"device {name or '(unnamed)'!r} is not in the GPU peak table: MFU/MBU skipped (use --gpu NAME or --peak-tflops/--bandwidth-tbps)")
+    return inp
+
+
+NO_ATTAINMENT = {k: None for k in ("flops", "bytes", "achieved_tflops", "achieved_tbps", "mfu", "mbu",
+                                      "arithmetic_intensity", "bound", "bound_ratio", "peak_tflops", "peak_tbps")}
+NO_ATTAINMENT["attainment_missing"] = ["computed per step phase (prefill, decode, mixed) only"]
+
+
+def run(ctx: Context) -> None:
+    """Operator FLOPs per step (step table columns shape_flops, shape_bytes, shape_ops), which
+    steps were replayed from a graph, and the model/peak inputs (``ctx.attainment_inputs``)."""
+    trace, steps, g = ctx.trace, ctx.steps, ctx.activities
+    sf, sb, sc = step_shape_flops(trace, steps)
+    steps["shape_flops"], steps["shape_bytes"], steps["shape_ops"] = sf, sb, sc
+    graph_steps = np.zeros(len(steps), dtype=bool)
+    if len(steps) and len(g):
+        gs = g.loc[(g["step"] >= 0) & (g["launch_kind"] == "graph_launch"), "step"].unique()
+        graph_steps[gs.astype(np.int64)] = True
+    ctx.extra["_graph_steps"] = graph_steps
+    for d in ctx.devices:
+        if not d["name"]:
+            ctx.note("unnamed_device", f"device {d['id']} has no name in the trace: peak numbers cannot be resolved from it (use --gpu)")
+    ctx.attainment_inputs = inp = attainment_inputs(trace, ctx.options, ctx.devices, ctx.note)
+    ctx.extra["gpu"] = _gpu_dict(inp.peak)
+    ctx.extra["model"] = _model_dict(inp)
+
+
+FINDINGS = (
+    Finding("<phase>.mfu", "fraction", "model FLOPs utilization (roofline analyzer; absent when model/GPU unknown)"),
+    Finding("<phase>.mbu", "fraction", "model bandwidth utilization = achieved B/s / peak B/s (roofline analyzer)"),
+    Finding("<phase>.achieved_tflops", "TFLOP/s", "achieved FLOP rate (1e12 FLOP/s)"),
+    Finding("<phase>.achieved_tbps", "TB/s", "achieved device-memory bandwidth (1e12 B/s)"),
+    Finding("<phase>.arithmetic_intensity", "FLOP/B", "FLOPs / bytes moved"),
+    Finding("<phase>.bound_ratio", "ratio", "measured time / analytic lower bound (>= 1; 1.5 good, 3-4 a real problem)"),
+    Finding("<phase>.peak_tbps", "TB/s", "device peak memory bandwidth used for MBU"),
+    Finding("<phase>.peak_tflops", "TFLOP/s", "device peak FLOP rate used for MFU"),
+    Finding("<phase>.compute_bound", "0/1", "1 when the roofline analyzer says 'compute', 0 for 'memory'"),
+    Finding("<phase>.bandwidth_over_peak", "ratio", "achieved_tbps / peak_tbps (> 1 is physically impossible: S7)"),
+    Finding("<phase>.flops", "FLOP", "FLOPs of the phase's steps (attainment analyzer)"),
+    Finding("<phase>.bytes", "B", "device-memory bytes of the phase's steps (attainment analyzer)"),
+    Finding("<phase>.forward_coverage", "fraction", "FLOPs seen in the step windows / the model config's FLOPs"),
+    Finding("<phase>.graph_coverage", "fraction", "per-phase graph coverage when the report provides it"),
+)
+
+
+def findings_of_phase(p: dict, out: dict) -> None:
+    """Flatten one phase row's roofline numbers into ``out`` (names in :data:`FINDINGS`)."""
+    n = p["name"]
+    for k in ("mfu", "mbu", "achieved_tflops", "achieved_tbps", "arithmetic_intensity", "bound_ratio",
+              "peak_tbps", "peak_tflops", "flops", "bytes", "forward_coverage", "graph_coverage"):
+        if k in p:
+            out[f"{n}.{k}"] = num(p.get(k))
+    if "bound" in p:
+        b = p.get("bound")
+        out[f"{n}.compute_bound"] = 1 if b == "compute" else 0 if b == "memory" else None
+    if "achieved_tbps" in p or "peak_tbps" in p:
+        out[f"{n}.bandwidth_over_peak"] = div(p.get("achieved_tbps"), p.get("peak_tbps"))

@@ -13,21 +13,12 @@ from importlib import resources
 import numpy as np
 import pandas as pd
 
+from diagnose.analyzers.base import Finding
+from diagnose.numeric import div, num
 from diagnose.trace.model import factorize
+from diagnose.vocab import CATEGORIES, SHARE_CATEGORIES
 from diagnose.yamlio import load_yaml
 
-CATEGORIES = (
-    "gemm",
-    "attention",
-    "norm",
-    "elementwise",
-    "communication",
-    "moe",
-    "sampling",
-    "memcpy",
-    "memset",
-    "other",
-)
 
 # Generic launch wrappers whose first template argument names the real operator.
 _WRAPPERS = re.compile(r"^(cutlass::)?(Kernel\d*|device_kernel)$")
@@ -128,3 +119,28 @@ def category_ids(gpu: pd.DataFrame, name_codes: np.ndarray | None = None, names:
     for kind in ("memcpy", "memset"):
         out[kinds == kind] = _CATEGORY_ID[kind]
     return out
+
+
+FINDINGS = (
+    Finding("<phase>.attention_share", "fraction", "attention kernel time / kernel time"),
+    Finding("<phase>.kernel_ms", "ms", "sum of kernel durations (not busy time)"),
+    Finding("<phase>.kernel_count", "count", "kernels in the phase"),
+    Finding("<phase>.activity_count", "count", "GPU activities (kernels, memcpy, memset) in the phase"),
+    Finding("<phase>.<category>_ms", "ms", "summed duration of the category (0 when absent)"),
+    Finding("<phase>.<category>_share", "fraction", "category kernel time / kernel time, for " + ", ".join(SHARE_CATEGORIES)),
+    Finding("<phase>.comm_share", "fraction", "communication (NCCL/RCCL...) kernel time / kernel time"),
+)
+
+
+def findings_of_phase(p: dict, out: dict) -> None:
+    """Flatten one phase row's category numbers into ``out`` (names in :data:`FINDINGS`)."""
+    n = p["name"]
+    for k in ("attention_share", "kernel_ms", "kernel_count", "activity_count"):
+        out[f"{n}.{k}"] = num(p.get(k))
+    cats = p.get("categories_ms") or {}
+    kernel_ms = num(p.get("kernel_ms"))
+    for c in CATEGORIES:
+        out[f"{n}.{c}_ms"] = num(cats.get(c, 0.0))
+    for c in SHARE_CATEGORIES:
+        out[f"{n}.{c}_share"] = div(cats.get(c, 0.0), kernel_ms)
+    out[f"{n}.comm_share"] = div(cats.get("communication", 0.0), kernel_ms)

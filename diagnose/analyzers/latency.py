@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from diagnose.analyzers.base import Context, Finding
+from diagnose.numeric import div, num
 from diagnose.trace.model import NO_TIME
 
 
@@ -114,3 +116,156 @@ def latency_findings(steps: pd.DataFrame) -> LatencyFindings:
     out.tpot_samples = int(len(samples))
     out.decode_step_ms = percentiles_ms(dec_wall)
     return out
+
+
+FINDINGS = (
+    Finding("<phase>.steps", "count", "engine steps of the phase (all: every step)"),
+    Finding("<phase>.wall_ms", "ms", "sum of the phase's step wall times (launch to GPU finish); all: GPU window or CPU span"),
+    Finding("latency.ttft_ms", "ms", "TTFT proxy: wall time of the first prefill step"),
+    Finding("latency.ttft_samples", "count", "prefill steps"),
+    Finding("latency.ttft_p50_ms", "ms", "p50 of prefill step wall times (TTFT proxy distribution)"),
+    Finding("latency.ttft_p90_ms", "ms", "p90 of prefill step wall times"),
+    Finding("latency.ttft_p99_ms", "ms", "p99 of prefill step wall times"),
+    Finding("latency.tpot_p50_ms", "ms", "p50 TPOT (interval between completions of consecutive decode steps)"),
+    Finding("latency.tpot_p90_ms", "ms", "p90 TPOT"),
+    Finding("latency.tpot_p99_ms", "ms", "p99 TPOT"),
+    Finding("latency.tpot_mean_ms", "ms", "mean TPOT"),
+    Finding("latency.tpot_samples", "count", "TPOT samples"),
+    Finding("latency.tpot_p99_over_p50", "ratio", "p99 TPOT / p50 TPOT"),
+    Finding("latency.prefill_step_p50_ms", "ms", "p50 prefill step wall time"),
+    Finding("latency.prefill_step_p90_ms", "ms", "p90 prefill step wall time"),
+    Finding("latency.prefill_step_p99_ms", "ms", "p99 prefill step wall time"),
+    Finding("latency.decode_step_p50_ms", "ms", "p50 decode step wall time"),
+    Finding("latency.decode_step_p90_ms", "ms", "p90 decode step wall time"),
+    Finding("latency.decode_step_p99_ms", "ms", "p99 decode step wall time"),
+    Finding("latency.decode_throughput_tok_s", "tokens/s", "median decode batch / p50 TPOT"),
+    Finding("steps.count", "count", "engine steps (all phases)"),
+    Finding("steps.prefill_count", "count", "prefill steps"),
+    Finding("steps.decode_count", "count", "decode steps"),
+    Finding("steps.mixed_count", "count", "mixed (chunked-prefill) steps"),
+    Finding("steps.prefill_max_wall_ms", "ms", "longest prefill step wall time"),
+    Finding("steps.prefill_p50_wall_ms", "ms", "median prefill step wall time"),
+    Finding("steps.decode_p50_wall_ms", "ms", "median decode step wall time"),
+    Finding("steps.decode_p99_wall_ms", "ms", "p99 decode step wall time"),
+    Finding("steps.decode_max_wall_ms", "ms", "longest decode step wall time"),
+    Finding("steps.prefill_interleaved_count", "count", "prefill or mixed steps with a decode step before and after them"),
+    Finding("steps.prefill_interleaved_max_wall_ms", "ms", "longest such step (0 when none; None with fewer than 2 decode steps)"),
+    Finding("steps.decode_p50_batch", "sequences", "median batch of decode steps (from step markers)"),
+    Finding("steps.decode_max_batch", "sequences", "largest decode batch"),
+    Finding("steps.decode_p50_context", "tokens", "median context length of decode steps (from step markers)"),
+    Finding("steps.decode_max_context", "tokens", "largest decode context"),
+    Finding("steps.prefill_max_tokens", "tokens", "largest prefill step token count (all sequences)"),
+    Finding("steps.prefill_max_prompt_tokens", "tokens", "largest prompt length: prefill tokens / batch (tokens when batch unknown)"),
+    Finding("steps.prefill_p50_prompt_tokens", "tokens", "median prompt length of prefill steps"),
+    Finding("steps.with_gpu_count", "count", "steps that launched GPU work"),
+    Finding("steps.cpu_shorter_than_gpu_count", "count", "steps whose CPU range ends before their GPU work and is shorter than its GPU span"),
+    Finding("steps.cpu_shorter_than_gpu_share", "fraction", "cpu_shorter_than_gpu_count / with_gpu_count"),
+    Finding("steps.max_gpu_over_cpu", "ratio", "largest GPU span / CPU duration of a step"),
+)
+
+
+def run(ctx: Context) -> None:
+    """Add GPU ranges and wall times to the step table; TTFT proxy and TPOT (``ctx.latency``)."""
+    ctx.steps = step_table(ctx.steps, ctx.activities)
+    ctx.latency = latency_findings(ctx.steps)
+
+
+def _pct(values: list, q: float) -> float | None:
+    """Percentile with numpy's linear interpolation, None when empty."""
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def findings_of_phase(p: dict, out: dict) -> None:
+    n = p["name"]
+    out[f"{n}.steps"] = num(p.get("steps"))
+    out[f"{n}.wall_ms"] = num(p.get("wall_ms"))
+
+
+def findings(report: dict, device, out: dict) -> None:
+    """Flatten ``latency`` and ``steps`` of a report into ``out`` (names in :data:`FINDINGS`)."""
+    lat = report.get("latency") or {}
+    out["latency.ttft_ms"] = num(lat.get("ttft_ms"))
+    out["latency.ttft_samples"] = num(lat.get("ttft_samples"))
+    pre = lat.get("prefill_step_ms") or {}
+    tp = lat.get("tpot_ms") or {}
+    dec = lat.get("decode_step_ms") or {}
+    for q in ("p50", "p90", "p99"):
+        out[f"latency.ttft_{q}_ms"] = num(pre.get(q))
+        out[f"latency.tpot_{q}_ms"] = num(tp.get(q))
+        out[f"latency.prefill_step_{q}_ms"] = num(pre.get(q))
+        out[f"latency.decode_step_{q}_ms"] = num(dec.get(q))
+    out["latency.tpot_mean_ms"] = num(tp.get("mean"))
+    out["latency.tpot_samples"] = num(lat.get("tpot_samples"))
+    out["latency.tpot_p99_over_p50"] = div(tp.get("p99"), tp.get("p50"))
+    _step_findings(list(report.get("steps") or []), out)
+    out["latency.decode_throughput_tok_s"] = (
+        div(out["steps.decode_p50_batch"] * 1000.0, out["latency.tpot_p50_ms"])
+        if out.get("steps.decode_p50_batch") is not None else None
+    )
+
+
+def _step_findings(steps: list[dict], out: dict) -> None:
+    def wall_ms(s):
+        w = num(s.get("wall_ns"))
+        return None if w is None else w / 1e6
+
+    steps = sorted(steps, key=lambda s: (num(s.get("start_ns")) or 0))
+    by = {ph: [s for s in steps if s.get("phase") == ph] for ph in ("prefill", "decode", "mixed")}
+    out["steps.count"] = len(steps)
+    for ph in ("prefill", "decode", "mixed"):
+        out[f"steps.{ph}_count"] = len(by[ph])
+    pw = [w for w in (wall_ms(s) for s in by["prefill"]) if w is not None]
+    dw = [w for w in (wall_ms(s) for s in by["decode"]) if w is not None]
+    out["steps.prefill_max_wall_ms"] = max(pw) if pw else None
+    out["steps.prefill_p50_wall_ms"] = _pct(pw, 50)
+    out["steps.decode_p50_wall_ms"] = _pct(dw, 50)
+    out["steps.decode_p99_wall_ms"] = _pct(dw, 99)
+    out["steps.decode_max_wall_ms"] = max(dw) if dw else None
+
+    # Prefill (or mixed) steps with a decode step both before and after them (S5).
+    phases = [s.get("phase") for s in steps]
+    dec_idx = [i for i, ph in enumerate(phases) if ph == "decode"]
+    if len(dec_idx) >= 2:
+        lo, hi = dec_idx[0], dec_idx[-1]
+        inter = [wall_ms(steps[i]) for i in range(lo + 1, hi) if phases[i] in ("prefill", "mixed")]
+        inter = [w for w in inter if w is not None]
+        out["steps.prefill_interleaved_count"] = len(inter)
+        out["steps.prefill_interleaved_max_wall_ms"] = max(inter) if inter else 0.0
+    else:
+        out["steps.prefill_interleaved_count"] = 0
+        out["steps.prefill_interleaved_max_wall_ms"] = None
+
+    db = [b for b in (num(s.get("batch")) for s in by["decode"]) if b is not None]
+    dc = [c for c in (num(s.get("context")) for s in by["decode"]) if c is not None]
+    out["steps.decode_p50_batch"] = _pct(db, 50)
+    out["steps.decode_max_batch"] = max(db) if db else None
+    out["steps.decode_p50_context"] = _pct(dc, 50)
+    out["steps.decode_max_context"] = max(dc) if dc else None
+    ptoks, prompts = [], []
+    for s in by["prefill"]:
+        t, b = num(s.get("tokens")), num(s.get("batch"))
+        if t is not None:
+            ptoks.append(t)
+            prompts.append(t / b if b else t)
+    out["steps.prefill_max_tokens"] = max(ptoks) if ptoks else None
+    out["steps.prefill_max_prompt_tokens"] = max(prompts) if prompts else None
+    out["steps.prefill_p50_prompt_tokens"] = _pct(prompts, 50)
+
+    # Timed CPU regions shorter than the GPU work they launched (S7).
+    with_gpu = shorter = 0
+    ratios = []
+    for s in steps:
+        cs, ce = num(s.get("start_ns")), num(s.get("end_ns"))
+        gs, ge = num(s.get("gpu_start_ns")), num(s.get("gpu_end_ns"))
+        if None in (cs, ce, gs, ge) or s.get("scope", "cpu") != "cpu":
+            continue
+        with_gpu += 1
+        cpu, gpu = ce - cs, ge - gs
+        if ce < ge and cpu < gpu:
+            shorter += 1
+        if cpu > 0:
+            ratios.append(gpu / cpu)
+    out["steps.with_gpu_count"] = with_gpu
+    out["steps.cpu_shorter_than_gpu_count"] = shorter if with_gpu else None
+    out["steps.cpu_shorter_than_gpu_share"] = shorter / with_gpu if with_gpu else None
+    out["steps.max_gpu_over_cpu"] = max(ratios) if ratios else None

@@ -21,12 +21,13 @@ from importlib import resources
 import numpy as np
 import pandas as pd
 
+from diagnose.analyzers.base import Context
 from diagnose.errors import DiagnoseError
 from diagnose.trace.kineto import parse_input_dims
 from diagnose.trace.model import NO_TIME, Trace, factorize
 from diagnose.yamlio import load_yaml
 
-PHASES = ("prefill", "decode", "mixed")
+from diagnose.vocab import STEP_PHASES as PHASES  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -298,55 +299,6 @@ def steps_from_shapes(trace: Trace) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=STEP_COLUMNS)
 
 
-def link_launches(trace: Trace) -> pd.DataFrame:
-    """Per GPU activity (aligned with ``trace.gpu``): its launch call's start/end/api_kind.
-
-    Returns:
-        DataFrame with launch_start_ns, launch_end_ns (-1 when no launch call shares the
-        activity's correlation id), launch_kind (api_kind or ""), graph_followup (bool: an
-        earlier activity on the same device came from the same graph launch).
-    """
-    gpu = trace.gpu
-    n = len(gpu)
-    out = pd.DataFrame(
-        {
-            "launch_start_ns": np.full(n, NO_TIME, dtype=np.int64),
-            "launch_end_ns": np.full(n, NO_TIME, dtype=np.int64),
-            "launch_kind": np.full(n, "", dtype=object),
-            "graph_followup": np.zeros(n, dtype=bool),
-        }
-    )
-    rt = trace.runtime
-    if n == 0 or len(rt) == 0:
-        return out
-    # the first runtime call (in row order) of each correlation id, found by binary search
-    rc = rt["correlation"].to_numpy()
-    rows = np.flatnonzero(rc >= 0)
-    order = np.argsort(rc[rows], kind="stable")
-    sorted_corr = rc[rows][order]
-    first = np.ones(len(sorted_corr), dtype=bool)
-    first[1:] = sorted_corr[1:] != sorted_corr[:-1]
-    uniq_corr, uniq_row = sorted_corr[first], rows[order[first]]
-    corr = gpu["correlation"].to_numpy()
-    pos = np.minimum(np.searchsorted(uniq_corr, corr), max(len(uniq_corr) - 1, 0))
-    found = (corr >= 0) & (len(uniq_corr) > 0)
-    if len(uniq_corr):
-        found &= uniq_corr[pos] == corr
-    hit = uniq_row[pos[found]]
-    out.loc[found, "launch_start_ns"] = rt["start_ns"].to_numpy()[hit]
-    out.loc[found, "launch_end_ns"] = rt["end_ns"].to_numpy()[hit]
-    out.loc[found, "launch_kind"] = rt["api_kind"].to_numpy(dtype=object)[hit]
-    # Fan-out: several activities share one launch correlation (graph replay). The first one
-    # (in time, per device) carries the launch; later ones are inside the replay.
-    key = pd.DataFrame({"device": gpu["device"].to_numpy(), "corr": corr, "start": gpu["start_ns"].to_numpy()})
-    key = key.sort_values(["device", "corr", "start"], kind="stable")
-    dup = key.duplicated(["device", "corr"], keep="first").to_numpy() & (key["corr"].to_numpy() >= 0)
-    followup = np.zeros(n, dtype=bool)
-    followup[key.index.to_numpy()[dup]] = True
-    out["graph_followup"] = followup & found
-    return out
-
-
 def assign_steps(trace: Trace, steps: pd.DataFrame, launches: pd.DataFrame) -> np.ndarray:
     """Step index (row of ``steps``) for each GPU activity, -1 when outside every step.
 
@@ -367,3 +319,21 @@ def assign_steps(trace: Trace, steps: pd.DataFrame, launches: pd.DataFrame) -> n
     ok[ok] &= t[ok] <= en[pos[ok]]
     idx[ok] = pos[ok]
     return idx
+
+
+FINDINGS = ()
+
+
+def run(ctx: Context) -> None:
+    """The step table from markers (``--phase-regex`` first), else from operator shapes."""
+    trace = ctx.trace
+    steps = find_steps(trace, user_grammars(ctx.options.phase_regex))
+    if len(steps) == 0:
+        steps = steps_from_shapes(trace)
+        if len(steps):
+            ctx.note("phases_from_shapes", "no step markers: phases inferred from aten::linear shapes ([B,1,H] decode, [B,S>1,H] prefill)")
+        elif len(_backward_starts(trace)):
+            ctx.note("training_trace", "autograd backward ops in the trace: a training step, not inference; phase 'unknown'")
+        else:
+            ctx.note("missing_markers", "no step markers and no usable shapes: phase is 'unknown' (use --phase-regex PHASE=REGEX)")
+    ctx.steps = steps

@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from diagnose.analyzers.base import Finding
+from diagnose.numeric import div, num
 from diagnose.trace.model import NO_TIME
+from diagnose.vocab import GAP_KINDS
 
-GAP_KINDS = ("launch", "graph", "other", "unattributed")
 MIN_GAP_NS = 10
 LAUNCH_LATENCY_NS = 20_000
 
@@ -189,3 +191,37 @@ def gap_distribution(gaps_ns: np.ndarray) -> dict:
         "p99_us": round(float(p99), 3),
         "max_us": round(float(g.max()), 3),
     }
+
+
+FINDINGS = (
+    Finding("<phase>.window_ms", "ms", "first GPU activity start to last GPU activity end of the phase"),
+    Finding("<phase>.gpu_busy_ms", "ms", "union of the phase's GPU activity intervals (all streams merged)"),
+    Finding("<phase>.gpu_idle_share", "fraction", "1 - busy / window"),
+    Finding("<phase>.launch_gap_share", "fraction", "idle gaps whose next activity's launch call ended after the GPU went idle, / window"),
+    Finding("<phase>.launch_gap_ms", "ms", "total launch gaps"),
+    Finding("<phase>.graph_gap_ms", "ms", "total gaps inside one CUDA/HIP graph replay"),
+    Finding("<phase>.other_gap_ms", "ms", "total gaps whose next activity was launched in time (dependency, sync, queueing)"),
+    Finding("<phase>.unattributed_gap_ms", "ms", "total gaps before activities with no linked launch call"),
+    Finding("<phase>.other_gap_share", "fraction", "other gaps / window"),
+    Finding("<phase>.launch_gap_count", "count", "number of launch gaps"),
+    Finding("<phase>.launch_gap_p50_us", "µs", "median launch gap"),
+    Finding("<phase>.launch_gap_p99_us", "µs", "p99 launch gap"),
+    Finding("<phase>.gap_max_us", "µs", "longest idle gap of any kind"),
+)
+
+
+def findings_of_phase(p: dict, out: dict) -> None:
+    """Flatten one phase row's timeline numbers into ``out`` (names in :data:`FINDINGS`)."""
+    n = p["name"]
+    for k in ("window_ms", "gpu_busy_ms", "gpu_idle_share", "launch_gap_share"):
+        out[f"{n}.{k}"] = num(p.get(k))
+    gaps = p.get("gaps") or {}
+    by_kind = gaps.get("ms_by_kind") or {}
+    for kind in GAP_KINDS:
+        out[f"{n}.{kind}_gap_ms"] = num(by_kind.get(kind)) if by_kind else None
+    out[f"{n}.other_gap_share"] = div(by_kind.get("other"), p.get("window_ms")) if by_kind else None
+    launch = gaps.get("launch") or {}
+    out[f"{n}.launch_gap_count"] = num(launch.get("count")) if launch else None
+    out[f"{n}.launch_gap_p50_us"] = num(launch.get("p50_us"))
+    out[f"{n}.launch_gap_p99_us"] = num(launch.get("p99_us"))
+    out[f"{n}.gap_max_us"] = num((gaps.get("all") or {}).get("max_us"))

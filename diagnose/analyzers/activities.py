@@ -1,0 +1,73 @@
+"""The GPU activity table every later analyzer reads, and the device list.
+
+Sets ``ctx.activities``: ``trace.gpu`` plus ``category``/``category_id`` (kernel categories,
+:mod:`diagnose.analyzers.categories`), ``name_id`` (names factorized once), the launch columns
+(``launch_start_ns``, ``launch_end_ns``, ``launch_kind``, ``graph_followup``), ``step`` (row of
+the step table, -1 none) and ``phase``. Also ``ctx.devices`` ({id, name} per device with GPU
+activity), ``ctx.extra["launches"]`` and, when graph coverage is low, the names of the numbers
+that become unreliable (``ctx.extra["_unreliable"]``).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from diagnose.analyzers.base import Context, Finding
+from diagnose.analyzers.categories import CATEGORY_NAMES, category_ids
+from diagnose.analyzers.launches import GRAPH_COVERAGE_MIN, launch_stats
+from diagnose.analyzers.phases import assign_steps
+from diagnose.numeric import num
+from diagnose.trace.model import factorize
+
+FINDINGS = (
+    Finding("trace.device", "id", "GPU device whose numbers the phase findings are (most GPU busy time unless chosen)"),
+    Finding("trace.device_count", "count", "GPU devices with activity"),
+    Finding("trace.gpu_activity_count", "count", "GPU activities on the selected device"),
+)
+
+
+def run(ctx: Context) -> None:
+    trace, steps, launches = ctx.trace, ctx.steps, ctx.launches
+    gpu = trace.gpu
+    step_idx = assign_steps(trace, steps, launches)
+    name_id, names = factorize(gpu["name"])
+    category_id = category_ids(gpu, name_id, names)
+    g = gpu.assign(  # object columns stay object (no per-row conversion to a string dtype)
+        category=pd.Series(CATEGORY_NAMES[category_id], index=gpu.index, dtype=object),
+        category_id=category_id,
+        name_id=name_id,
+        launch_end_ns=launches["launch_end_ns"].to_numpy(),
+        launch_start_ns=launches["launch_start_ns"].to_numpy(),
+        launch_kind=pd.Series(launches["launch_kind"].to_numpy(dtype=object), index=gpu.index, dtype=object),
+        graph_followup=launches["graph_followup"].to_numpy(),
+        step=step_idx,
+    )
+    step_phase = steps["phase"].to_numpy() if len(steps) else np.array([], dtype=object)
+    g["phase"] = pd.Series(np.where(step_idx >= 0, step_phase[np.clip(step_idx, 0, None)] if len(steps) else "unknown", "unknown"),
+                           index=g.index, dtype=object)
+    ctx.activities = g
+
+    info = launch_stats(trace, g)
+    ctx.extra["launches"] = info
+    cov = info["graph_coverage"]
+    if cov is not None and cov < GRAPH_COVERAGE_MIN:
+        ctx.extra["_unreliable"] = ("gpu_idle_share", "launch_gap_share")
+        ctx.note("graph_coverage_low",
+                 f"only {info['graph_launches_with_activity']} of {info['graph_launches']} graph launches have GPU activity in the trace "
+                 f"(coverage {cov:.0%}): replayed kernels are missing, so idle and launch-gap numbers are unreliable")
+
+    devices_present = sorted(int(d) for d in gpu["device"].unique()) if len(gpu) else []
+    dev_list = [{"id": d, "name": trace.device_name(d)} for d in devices_present]
+    listed = {d.id for d in trace.devices}
+    if len(trace.devices) == 1 and len(dev_list) == 1 and dev_list[0]["id"] not in listed:
+        # One visible GPU whose activities carry the host's device index (ROCm/HIP_VISIBLE_DEVICES).
+        dev_list[0]["name"] = trace.devices[0].name
+        ctx.note("device_id_remapped", f"activities use device id {dev_list[0]['id']} but deviceProperties lists only id {trace.devices[0].id}: taken as the same GPU")
+    ctx.devices = dev_list
+
+
+def findings(report: dict, device, out: dict) -> None:
+    out["trace.device"] = device
+    alls = [p for p in report.get("phases") or [] if p.get("name") == "all" and p.get("device") is not None]
+    out["trace.device_count"] = len(alls)
+    out["trace.gpu_activity_count"] = next((num(p.get("activity_count")) for p in alls if p.get("device") == device), None)

@@ -1,0 +1,146 @@
+"""Launch links: which host call launched each GPU activity, graph replays and their coverage.
+
+A GPU activity is linked to the first runtime/driver call with its correlation id. Several
+activities sharing one launch correlation are a CUDA/HIP graph replay: the first one (in time,
+per device) carries the launch, later ones are ``graph_followup``. Sets ``ctx.launches``
+(aligned with ``trace.gpu``) and ``ctx.extra["launches"]``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diagnose.analyzers.base import Context, Finding, quality_counts
+from diagnose.numeric import num
+from diagnose.trace.model import NO_TIME, Trace
+
+FINDINGS = (
+    Finding("trace.graph_launches", "count", "graph launch calls on the host (report launches.graph_launches)"),
+    Finding("trace.graph_coverage", "fraction", "share of graph launches with GPU activity in the trace (report launches.graph_coverage; low = replayed kernels missing)"),
+    Finding("trace.host_launch_calls", "count", "host launch calls (report launches.host_launch_calls)"),
+    Finding("trace.graph_kernel_count", "count", "GPU activities replayed from CUDA/HIP graph launches (all devices)"),
+    Finding("trace.graph_kernel_share", "fraction", "graph_kernel_count / GPU activities on all devices"),
+    Finding("trace.unlinked_count", "count", "GPU activities with no host launch call"),
+)
+
+
+def link_launches(trace: Trace) -> pd.DataFrame:
+    """Per GPU activity (aligned with ``trace.gpu``): its launch call's start/end/api_kind.
+
+    Returns:
+        DataFrame with launch_start_ns, launch_end_ns (-1 when no launch call shares the
+        activity's correlation id), launch_kind (api_kind or ""), graph_followup (bool: an
+        earlier activity on the same device came from the same graph launch).
+    """
+    gpu = trace.gpu
+    n = len(gpu)
+    out = pd.DataFrame(
+        {
+            "launch_start_ns": np.full(n, NO_TIME, dtype=np.int64),
+            "launch_end_ns": np.full(n, NO_TIME, dtype=np.int64),
+            "launch_kind": np.full(n, "", dtype=object),
+            "graph_followup": np.zeros(n, dtype=bool),
+        }
+    )
+    rt = trace.runtime
+    if n == 0 or len(rt) == 0:
+        return out
+    # the first runtime call (in row order) of each correlation id, found by binary search
+    rc = rt["correlation"].to_numpy()
+    rows = np.flatnonzero(rc >= 0)
+    order = np.argsort(rc[rows], kind="stable")
+    sorted_corr = rc[rows][order]
+    first = np.ones(len(sorted_corr), dtype=bool)
+    first[1:] = sorted_corr[1:] != sorted_corr[:-1]
+    uniq_corr, uniq_row = sorted_corr[first], rows[order[first]]
+    corr = gpu["correlation"].to_numpy()
+    pos = np.minimum(np.searchsorted(uniq_corr, corr), max(len(uniq_corr) - 1, 0))
+    found = (corr >= 0) & (len(uniq_corr) > 0)
+    if len(uniq_corr):
+        found &= uniq_corr[pos] == corr
+    hit = uniq_row[pos[found]]
+    out.loc[found, "launch_start_ns"] = rt["start_ns"].to_numpy()[hit]
+    out.loc[found, "launch_end_ns"] = rt["end_ns"].to_numpy()[hit]
+    out.loc[found, "launch_kind"] = rt["api_kind"].to_numpy(dtype=object)[hit]
+    # Fan-out: several activities share one launch correlation (graph replay). The first one
+    # (in time, per device) carries the launch; later ones are inside the replay.
+    key = pd.DataFrame({"device": gpu["device"].to_numpy(), "corr": corr, "start": gpu["start_ns"].to_numpy()})
+    key = key.sort_values(["device", "corr", "start"], kind="stable")
+    dup = key.duplicated(["device", "corr"], keep="first").to_numpy() & (key["corr"].to_numpy() >= 0)
+    followup = np.zeros(n, dtype=bool)
+    followup[key.index.to_numpy()[dup]] = True
+    out["graph_followup"] = followup & found
+    return out
+
+
+GRAPH_COVERAGE_MIN = 0.9
+
+
+def launch_stats(trace: Trace, g: pd.DataFrame) -> dict[str, Any]:
+    """Host launch calls, graph launches, their fan-out and coverage.
+
+    ``host_launch_calls``: runtime calls named as launches plus any other call linked to GPU
+    work by correlation (vocabulary drift such as ``INVALID``). ``graph_coverage``: share of
+    graph launches with at least one GPU activity in the trace (None without graph launches).
+    """
+    rt = trace.runtime
+    if len(rt) == 0:
+        return {"host_launch_calls": 0, "graph_launches": 0, "graph_launches_with_activity": 0,
+                "graph_coverage": None, "kernels_per_graph_launch_max": None}
+    kinds = rt["api_kind"].to_numpy(dtype=object)
+    corr = rt["correlation"].to_numpy()
+    gpu_corr = g["correlation"].to_numpy() if len(g) else np.empty(0, dtype=np.int64)
+    linked = pd.Series(corr, copy=False).isin(gpu_corr).to_numpy() & (corr >= 0)  # hash lookups
+    is_launch = (kinds == "launch") | (kinds == "graph_launch") | (linked & (kinds != "memcpy") & (kinds != "memset"))
+    graph = kinds == "graph_launch"
+    n_graph = int(graph.sum())
+    covered = int((graph & linked).sum())
+    fan = None
+    if n_graph and len(g):
+        gk = g[g["launch_kind"] == "graph_launch"]
+        if len(gk):
+            fan = int(gk.groupby("correlation").size().max())
+    return {
+        "host_launch_calls": int(is_launch.sum()),
+        "graph_launches": n_graph,
+        "graph_launches_with_activity": covered,
+        "graph_coverage": round(covered / n_graph, 6) if n_graph else None,
+        "kernels_per_graph_launch_max": fan,
+    }
+
+
+
+
+def run(ctx: Context) -> None:
+    """Link launches (``ctx.launches``); note unlinked and graph-replayed activities."""
+    trace = ctx.trace
+    launches = link_launches(trace)
+    ctx.launches = launches
+    gpu = trace.gpu
+    if len(gpu) == 0:
+        ctx.note("no_gpu_activity", "no GPU activity (kernels, memcpy, memset) in the trace: GPU numbers are unavailable")
+        return
+    kind = launches["launch_kind"].to_numpy(dtype=object)
+    unlinked = int((kind == "").sum())
+    if unlinked:
+        ctx.note("unlinked_kernels", f"{unlinked} of {len(gpu)} GPU activities have no host launch call with their correlation id; gaps before them are 'unattributed'", unlinked)
+    graph = kind == "graph_launch"
+    if graph.any():
+        n_launch = int(pd.unique(gpu["correlation"].to_numpy()[graph]).size)
+        ctx.note("graph_kernels_no_launch", f"{int(graph.sum())} kernels replayed from {n_launch} graph launch(es): no per-kernel launch call; op-level attribution unavailable for them", int(graph.sum()))
+
+
+def findings(report: dict, device: Any, out: dict) -> None:
+    counts = quality_counts(report)
+    launches = report.get("launches") or {}
+    out["trace.graph_launches"] = num(launches.get("graph_launches"))
+    out["trace.graph_coverage"] = num(launches.get("graph_coverage"))
+    out["trace.host_launch_calls"] = num(launches.get("host_launch_calls"))
+    graph = counts.get("graph_kernels_no_launch", 0)
+    alls = [p for p in report.get("phases") or [] if p.get("name") == "all" and p.get("device") is not None]
+    total_acts = sum(num(p.get("activity_count")) or 0 for p in alls)
+    out["trace.graph_kernel_count"] = graph
+    out["trace.graph_kernel_share"] = graph / total_acts if total_acts else None
+    out["trace.unlinked_count"] = counts.get("unlinked_kernels", 0)

@@ -1,0 +1,150 @@
+"""Per-device, per-phase numbers: busy and idle time, gaps by kind, categories, top kernels,
+and the roofline numbers of each step phase.
+
+Sets ``ctx.phases``: one :class:`~diagnose.analyzers.result.PhaseResult` for ``all`` per
+device, one per step phase present on it, and ``unknown`` for activity no step claims.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diagnose.analyzers.attainment import NO_ATTAINMENT, phase_attainment
+from diagnose.analyzers.base import Context
+from diagnose.analyzers.result import PhaseResult
+from diagnose.analyzers.timeline import analyze_gaps, gap_distribution
+from diagnose.trace.model import NO_TIME, Trace
+from diagnose.vocab import CATEGORIES, STEP_PHASES
+
+FINDINGS = ()
+
+
+def _r(x: float | None, nd: int = 6) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, wall_ns: int, unreliable: tuple[str, ...] = (),
+                attainment: dict[str, Any] | None = None) -> PhaseResult:
+    """Timeline, category and top-kernel numbers of one phase on one device (``sub``: its activities)."""
+    gaps = analyze_gaps(
+        sub["start_ns"].to_numpy(),
+        sub["end_ns"].to_numpy(),
+        sub["launch_end_ns"].to_numpy(),
+        sub["graph_followup"].to_numpy(),
+        sub["name"].to_numpy(),
+    )
+    dur = (sub["end_ns"] - sub["start_ns"]).to_numpy()
+    cat_id = sub["category_id"].to_numpy()
+    # per category: sums exact in float64 below 2**53 ns (104 days)
+    per_cat = np.bincount(cat_id, weights=dur, minlength=len(CATEGORIES))
+    present = np.bincount(cat_id, minlength=len(CATEGORIES)) > 0
+    categories_ms = {c: round(float(per_cat[i]) / 1e6, 6) for i, c in enumerate(CATEGORIES) if present[i]}
+    is_kernel = (sub["kind"] == "kernel").to_numpy()
+    kernel_ns = int(dur[is_kernel].sum())
+    attn_ns = int(dur[is_kernel & (cat_id == CATEGORIES.index("attention"))].sum())
+    top = []
+    if is_kernel.any():
+        # per kernel name, in first-seen order (as groupby(sort=False))
+        codes, _ = pd.factorize(sub["name_id"].to_numpy()[is_kernel], sort=False)
+        first = np.full(codes.max() + 1, len(codes), dtype=np.int64)
+        np.minimum.at(first, codes, np.arange(len(codes)))
+        agg = pd.DataFrame(
+            {"total_ns": np.bincount(codes, weights=dur[is_kernel]).astype(np.int64),
+             "count": np.bincount(codes),
+             "category": sub["category"].to_numpy()[is_kernel][first]},
+            index=pd.Index(sub["name"].to_numpy(dtype=object)[is_kernel][first], dtype=object))
+        for kname, r in agg.sort_values("total_ns", ascending=False).head(10).iterrows():
+            top.append(
+                {"name": kname[:200], "category": r["category"], "count": int(r["count"]),
+                 "total_ms": round(float(r["total_ns"]) / 1e6, 6),
+                 "share": round(float(r["total_ns"]) / kernel_ns, 6) if kernel_ns else None}
+            )
+    gap_info = {
+        "launch": gap_distribution(gaps.launch_gaps_ns),
+        "all": gap_distribution(gaps.all_gaps_ns),
+        "ms_by_kind": {k: round(v / 1e6, 6) for k, v in gaps.gap_ns_by_kind.items()},
+        "count_by_kind": dict(gaps.gap_count_by_kind),
+        "top": gaps.top,
+    }
+    return PhaseResult(
+        name=name,
+        device=device,
+        steps=n_steps,
+        wall_ms=round(wall_ns / 1e6, 6),
+        window_ms=round(gaps.window_ns / 1e6, 6),
+        gpu_busy_ms=round(gaps.busy_ns / 1e6, 6),
+        gpu_idle_share=_r(gaps.idle_share),
+        launch_gap_share=_r(gaps.launch_gap_share),
+        attention_share=_r(attn_ns / kernel_ns) if kernel_ns else None,
+        kernel_ms=round(kernel_ns / 1e6, 6),
+        kernel_count=int(is_kernel.sum()),
+        activity_count=int(len(sub)),
+        categories_ms=categories_ms,
+        gaps=gap_info,
+        top_kernels=top,
+        attainment=dict(attainment if attainment is not None else NO_ATTAINMENT),
+        unreliable=tuple(unreliable),
+    )
+
+
+
+def run(ctx: Context) -> None:
+    trace, g, steps = ctx.trace, ctx.activities, ctx.steps
+    unreliable = tuple(ctx.extra.get("_unreliable", ()))
+    graph_steps = ctx.extra.get("_graph_steps")
+    devices_present = [d["id"] for d in ctx.devices]
+    phases: list[PhaseResult] = []
+    phase_names = [p for p in STEP_PHASES if len(steps) and (steps["phase"] == p).any()]
+    for dev in devices_present or [None]:
+        sub_all = g[g["device"] == dev] if dev is not None else g.iloc[0:0]
+        dev_steps = steps if dev is None else steps[steps["device_activity_count"].apply(lambda m: dev in m)]
+        all_wall = _all_wall_ns(sub_all, dev_steps) if (len(sub_all) or len(dev_steps)) else _cpu_span_ns(trace)
+        phases.append(phase_stats("all", dev, sub_all, len(steps), all_wall, unreliable))
+        for p in phase_names:
+            ps = steps[steps["phase"] == p] if dev is None else dev_steps[dev_steps["phase"] == p]
+            sub = sub_all[sub_all["phase"] == p]
+            if dev is not None and len(ps) == 0 and len(sub) == 0:
+                continue
+            att = phase_attainment(p, ps, ctx.attainment_inputs, graph_steps[ps.index.to_numpy()])
+            unrel = list(unreliable)
+            cov = att.get("forward_coverage")
+            if cov is not None and cov < 0.5:
+                unrel += ["mbu", "mfu", "bound_ratio", "achieved_tbps", "achieved_tflops", "arithmetic_intensity"]
+                ctx.note("partial_forward", f"{p}: the operators in the step windows account for {cov:.0%} of the model config's FLOPs: the trace covers part of a forward, so bytes from the config overstate the work and MBU/bound_ratio are too high")
+            if att.get("achieved_tbps") and att.get("peak_tbps") and att["achieved_tbps"] > att["peak_tbps"]:
+                ctx.note("bandwidth_above_peak", f"{p}: achieved {att['achieved_tbps']:.2f} TB/s exceeds the device peak {att['peak_tbps']:.2f} TB/s: wrong peak, wrong model config, or a timing without synchronisation (S7)")
+            phases.append(phase_stats(p, dev, sub, len(ps), int(ps["wall_ns"].sum()), tuple(unrel), att))
+        unk = sub_all[sub_all["phase"] == "unknown"]
+        if len(unk):
+            wall = int(unk["end_ns"].max() - unk["start_ns"].min())
+            phases.append(phase_stats("unknown", dev, unk, 0, wall))
+    ctx.phases = phases
+
+
+def _all_wall_ns(acts: pd.DataFrame, steps: pd.DataFrame) -> int:
+    """End-to-end wall of everything on a device: from the first step start or GPU activity to
+    the last completion (step end or GPU end); never shorter than a phase's summed step walls."""
+    starts, ends = [], []
+    if len(acts):
+        starts.append(int(acts["start_ns"].min()))
+        ends.append(int(acts["end_ns"].max()))
+    if len(steps):
+        starts.append(int(steps["start_ns"].min()))
+        ends.append(int(steps["end_ns"].max()))
+        ge = steps["gpu_end_ns"].to_numpy()
+        ge = ge[ge != NO_TIME]
+        if len(ge):
+            ends.append(int(ge.max()))
+    return max(ends) - min(starts) if starts else 0
+
+
+def _cpu_span_ns(trace: Trace) -> int:
+    lo, hi = None, None
+    for f in (trace.cpu_ops, trace.runtime, trace.annotations):
+        if len(f):
+            a, b = int(f["start_ns"].min()), int(f["end_ns"].max())
+            lo = a if lo is None else min(lo, a)
+            hi = b if hi is None else max(hi, b)
+    return 0 if lo is None else hi - lo

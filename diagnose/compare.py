@@ -1,0 +1,254 @@
+"""Compare a candidate trace with a baseline: ``baseline.*``, ``candidate.*`` and ``delta.*``
+findings, the regression verdict of the compare-scope rules, and per-category and per-kernel
+time deltas. ``diagnose compare`` and the web ``/compare`` page both call :func:`compare_reports`,
+so they always give the same verdict for the same thresholds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from diagnose.analyzers.base import Finding
+from diagnose.engine import RuleSet, Verdicts, evaluate
+from diagnose.findings import Findings, findings_from_report
+from diagnose.numeric import div
+
+FINDINGS = (
+    Finding("baseline.<finding>", "as the finding", "every single-trace finding of the baseline trace"),
+    Finding("candidate.<finding>", "as the finding", "every single-trace finding of the candidate trace"),
+    Finding("delta.ttft_ratio", "ratio", "candidate / baseline TTFT proxy"),
+    Finding("delta.ttft_p50_ratio", "ratio", "candidate / baseline p50 TTFT (prefill step wall)"),
+    Finding("delta.ttft_p90_ratio", "ratio", "candidate / baseline p90 TTFT"),
+    Finding("delta.ttft_p99_ratio", "ratio", "candidate / baseline p99 TTFT"),
+    Finding("delta.tpot_p50_ratio", "ratio", "candidate / baseline p50 TPOT"),
+    Finding("delta.tpot_p90_ratio", "ratio", "candidate / baseline p90 TPOT"),
+    Finding("delta.tpot_p99_ratio", "ratio", "candidate / baseline p99 TPOT"),
+    Finding("delta.decode_step_p50_ratio", "ratio", "candidate / baseline p50 decode step wall"),
+    Finding("delta.worst_latency_ratio", "ratio", "largest of the TTFT/TPOT p50/p90/p99 ratios that exist (TTFT proxy when no percentile)"),
+    Finding("delta.decode_launch_gap_share_change", "fraction (points)", "candidate - baseline decode launch-gap share"),
+    Finding("delta.all_gpu_idle_share_change", "fraction (points)", "candidate - baseline GPU idle share"),
+    Finding("delta.decode_mbu_change", "fraction (points)", "candidate - baseline decode MBU"),
+    Finding("delta.decode_mfu_change", "fraction (points)", "candidate - baseline decode MFU"),
+    Finding("delta.prefill_mfu_change", "fraction (points)", "candidate - baseline prefill MFU"),
+)
+
+
+_DELTA_RATIOS = {
+    "ttft_ratio": "latency.ttft_ms",
+    "ttft_p50_ratio": "latency.ttft_p50_ms",
+    "ttft_p90_ratio": "latency.ttft_p90_ms",
+    "ttft_p99_ratio": "latency.ttft_p99_ms",
+    "tpot_p50_ratio": "latency.tpot_p50_ms",
+    "tpot_p90_ratio": "latency.tpot_p90_ms",
+    "tpot_p99_ratio": "latency.tpot_p99_ms",
+    "decode_step_p50_ratio": "latency.decode_step_p50_ms",
+}
+_DELTA_CHANGES = {
+    "decode_launch_gap_share_change": "decode.launch_gap_share",
+    "all_gpu_idle_share_change": "all.gpu_idle_share",
+    "decode_mbu_change": "decode.mbu",
+    "decode_mfu_change": "decode.mfu",
+    "prefill_mfu_change": "prefill.mfu",
+}
+
+
+def compare_findings(baseline: Mapping[str, Any], candidate: Mapping[str, Any], device: int | None = None) -> Findings:
+    """``baseline.*``, ``candidate.*`` (every single-trace finding) and ``delta.*``.
+
+    Ratios are candidate / baseline (None when either is missing or the baseline is 0).
+    ``delta.worst_latency_ratio`` is the largest of the TTFT and TPOT p50/p90/p99 ratios
+    (the TTFT proxy ratio stands in when no prefill percentile exists): domain.md §7
+    "any of TTFT/TPOT p50/p90/p99 more than 50 % worse than baseline = roll back".
+    """
+    fb, fc = findings_from_report(baseline, device), findings_from_report(candidate, device)
+    out: Findings = {}
+    for k, v in fb.items():
+        out[f"baseline.{k}"] = v
+    for k, v in fc.items():
+        out[f"candidate.{k}"] = v
+    for name, src in _DELTA_RATIOS.items():
+        out[f"delta.{name}"] = div(fc.get(src), fb.get(src))
+    for name, src in _DELTA_CHANGES.items():
+        a, b = fb.get(src), fc.get(src)
+        out[f"delta.{name}"] = None if a is None or b is None else b - a
+    keys = ["ttft_p50_ratio", "ttft_p90_ratio", "ttft_p99_ratio", "tpot_p50_ratio", "tpot_p90_ratio", "tpot_p99_ratio"]
+    vals = [out[f"delta.{k}"] for k in keys if out[f"delta.{k}"] is not None]
+    if out["delta.ttft_p50_ratio"] is None and out["delta.ttft_ratio"] is not None:
+        vals.append(out["delta.ttft_ratio"])
+    out["delta.worst_latency_ratio"] = max(vals) if vals else None
+    return out
+
+
+#: The rows ``compare`` shows: (label, finding, kind, delta finding). kind "ms" rows change as
+#: a ratio, "pct" rows as percentage points.
+COMPARE_ROWS = (
+    ("TTFT proxy (ms)", "latency.ttft_ms", "ms", "delta.ttft_ratio"),
+    ("TTFT p50 (ms)", "latency.ttft_p50_ms", "ms", "delta.ttft_p50_ratio"),
+    ("TTFT p90 (ms)", "latency.ttft_p90_ms", "ms", "delta.ttft_p90_ratio"),
+    ("TTFT p99 (ms)", "latency.ttft_p99_ms", "ms", "delta.ttft_p99_ratio"),
+    ("TPOT p50 (ms)", "latency.tpot_p50_ms", "ms", "delta.tpot_p50_ratio"),
+    ("TPOT p90 (ms)", "latency.tpot_p90_ms", "ms", "delta.tpot_p90_ratio"),
+    ("TPOT p99 (ms)", "latency.tpot_p99_ms", "ms", "delta.tpot_p99_ratio"),
+    ("decode step p50 (ms)", "latency.decode_step_p50_ms", "ms", "delta.decode_step_p50_ratio"),
+    ("decode launch-gap share", "decode.launch_gap_share", "pct", "delta.decode_launch_gap_share_change"),
+    ("GPU idle share", "all.gpu_idle_share", "pct", "delta.all_gpu_idle_share_change"),
+    ("decode MBU", "decode.mbu", "pct", "delta.decode_mbu_change"),
+    ("decode MFU", "decode.mfu", "pct", "delta.decode_mfu_change"),
+    ("prefill MFU", "prefill.mfu", "pct", "delta.prefill_mfu_change"),
+)
+
+REGRESSION_RULE = "latency-regression"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The result of :func:`compare_reports`.
+
+    Attributes:
+        findings: baseline.*, candidate.*, delta.* and metrics.* findings.
+        verdicts: compare- (and metrics-) scope rule verdicts.
+        rows: one dict per :data:`COMPARE_ROWS` row: name, finding, kind, baseline,
+            candidate, ratio (ms rows) or change (pct rows).
+        regression: the latency-regression rule fired.
+        comparable: that rule could be evaluated (a TTFT/TPOT number in both traces).
+        failing: fired symptoms at or above ``fail_on``.
+        new_symptoms, resolved_symptoms: trace-scope rule ids fired only in the candidate /
+            only in the baseline.
+        category_deltas: per kernel category, per phase present in both: baseline_ms,
+            candidate_ms, ratio.
+        kernel_deltas: the kernels with the largest absolute time change (top kernels of
+            each phase): name, category, phase, baseline_ms, candidate_ms, ratio.
+        warnings: reasons the numbers may not compare like for like.
+        exit_code: 1 on a failing symptom, or when not comparable unless allowed; else 0.
+    """
+
+    findings: Findings
+    verdicts: Verdicts
+    rows: list[dict[str, Any]]
+    regression: bool
+    comparable: bool
+    failing: list[dict[str, Any]]
+    new_symptoms: list[dict[str, Any]]
+    resolved_symptoms: list[dict[str, Any]]
+    category_deltas: list[dict[str, Any]]
+    kernel_deltas: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+    exit_code: int = 0
+
+    @property
+    def verdict(self) -> str:
+        """"regression" | "fail" | "not comparable" | "no regression"."""
+        if self.regression:
+            return "regression"
+        if self.failing:
+            return "fail"
+        if not self.comparable:
+            return "not comparable"
+        return "no regression"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "metrics": self.rows,
+            "deltas": {k: v for k, v in self.findings.items() if k.startswith("delta.")},
+            "category_deltas": self.category_deltas,
+            "kernel_deltas": self.kernel_deltas,
+            "symptoms": self.verdicts.symptoms,
+            "not_evaluated": self.verdicts.not_evaluated,
+            "new_trace_symptoms": [s["id"] for s in self.new_symptoms],
+            "resolved_trace_symptoms": [s["id"] for s in self.resolved_symptoms],
+            "regression": self.regression,
+            "comparable": self.comparable,
+            "warnings": self.warnings,
+            "exit_code": self.exit_code,
+        }
+
+
+def compare_reports(baseline: Mapping[str, Any], candidate: Mapping[str, Any], ruleset: RuleSet,
+                    metrics: Findings | None = None, device: int | None = None, fail_on: str = "high",
+                    allow_missing: bool = False) -> Comparison:
+    """Compare two JSON reports with the compare-scope rules (and metrics-scope ones when
+    ``metrics`` is given), honouring the rule set's thresholds and disabled rules.
+
+    Raises:
+        DiagnoseError: ``device`` is in neither report.
+    """
+    findings = compare_findings(baseline, candidate, device)
+    if metrics:
+        findings.update(metrics)
+    scopes = ["compare"] + (["metrics"] if metrics else [])
+    verdicts = evaluate(ruleset.rules, findings, scope=scopes, overrides=ruleset.overrides)
+    fb = {k[len("baseline."):]: v for k, v in findings.items() if k.startswith("baseline.")}
+    fc = {k[len("candidate."):]: v for k, v in findings.items() if k.startswith("candidate.")}
+    tb = evaluate(ruleset.rules, fb, scope="trace", overrides=ruleset.overrides)
+    tc = evaluate(ruleset.rules, fc, scope="trace", overrides=ruleset.overrides)
+    new = [s for s in tc.symptoms if s["id"] not in set(tb.fired_ids)]
+    gone = [s for s in tb.symptoms if s["id"] not in set(tc.fired_ids)]
+    regression = any(s["id"] == REGRESSION_RULE for s in verdicts.symptoms)
+    failing = verdicts.at_least(fail_on)
+    comparable = not any(n["id"] == REGRESSION_RULE for n in verdicts.not_evaluated)
+    code = 1 if failing or (not comparable and not allow_missing) else 0
+    rows = [{"name": label, "finding": key, "kind": kind, "baseline": fb.get(key), "candidate": fc.get(key),
+             ("ratio" if kind == "ms" else "change"): findings.get(dkey)} for label, key, kind, dkey in COMPARE_ROWS]
+    warnings = [f"{label}: numbers unreliable ({', '.join(r)})" for label, rep in (("baseline", baseline), ("candidate", candidate))
+                if (r := unreliable_reasons(rep))]
+    return Comparison(findings=findings, verdicts=verdicts, rows=rows, regression=regression, comparable=comparable,
+                      failing=failing, new_symptoms=new, resolved_symptoms=gone,
+                      category_deltas=category_deltas(baseline, candidate, device),
+                      kernel_deltas=kernel_deltas(baseline, candidate, device),
+                      warnings=warnings, exit_code=code)
+
+
+def unreliable_reasons(report: Mapping[str, Any]) -> list[str]:
+    """Why a report's numbers are unreliable: partial file, or quality codes that say so."""
+    from diagnose.vocab import UNRELIABLE_CODES
+
+    out = []
+    if report.get("partial"):
+        out.append("partial trace file")
+    codes = {q.get("code") for q in report.get("quality") or []}
+    out += [f"quality: {c}" for c in UNRELIABLE_CODES if c in codes]
+    return out
+
+
+def _phases(report: Mapping[str, Any], device: int | None) -> dict[str, Mapping[str, Any]]:
+    from diagnose.findings import select_device
+
+    dev = select_device(report, device)
+    return {p["name"]: p for p in report.get("phases") or [] if p.get("device") == dev}
+
+
+def category_deltas(baseline: Mapping[str, Any], candidate: Mapping[str, Any], device: int | None = None) -> list[dict[str, Any]]:
+    """Per phase present in both reports and kernel category present in either: time in each
+    (ms, summed kernel durations) and candidate / baseline. A trade (GEMM slower, elementwise
+    faster) shows here even when the totals match."""
+    pb, pc = _phases(baseline, device), _phases(candidate, device)
+    out = []
+    for name in pb:
+        if name not in pc or name == "unknown":
+            continue
+        cb, cc = pb[name].get("categories_ms") or {}, pc[name].get("categories_ms") or {}
+        for cat in sorted(set(cb) | set(cc), key=lambda c: -max(cb.get(c, 0.0), cc.get(c, 0.0))):
+            b, c = cb.get(cat, 0.0), cc.get(cat, 0.0)
+            out.append({"phase": name, "category": cat, "baseline_ms": b, "candidate_ms": c, "ratio": div(c, b)})
+    return out
+
+
+def kernel_deltas(baseline: Mapping[str, Any], candidate: Mapping[str, Any], device: int | None = None,
+                  limit: int = 10) -> list[dict[str, Any]]:
+    """The ``limit`` kernels (by name, among each report's top kernels per phase) whose time
+    changed most, largest absolute change first; a kernel absent from one side counts 0 ms there."""
+    pb, pc = _phases(baseline, device), _phases(candidate, device)
+    out = []
+    for name in pb:
+        if name not in pc or name in ("all", "unknown"):
+            continue
+        kb = {k["name"]: k for k in pb[name].get("top_kernels") or []}
+        kc = {k["name"]: k for k in pc[name].get("top_kernels") or []}
+        for k in set(kb) | set(kc):
+            b = (kb.get(k) or {}).get("total_ms", 0.0)
+            c = (kc.get(k) or {}).get("total_ms", 0.0)
+            cat = (kb.get(k) or kc.get(k) or {}).get("category")
+            out.append({"phase": name, "name": k, "category": cat, "baseline_ms": b, "candidate_ms": c, "ratio": div(c, b)})
+    out.sort(key=lambda r: (-abs(r["candidate_ms"] - r["baseline_ms"]), r["name"]))
+    return out[:limit]

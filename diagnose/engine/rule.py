@@ -1,0 +1,390 @@
+"""Rules: the model (one YAML file per rule, checked against ``rules/rule.schema.json``),
+loading, summary templates, threshold overrides and the ``--rules-config`` file.
+
+Source of thresholds: ``shared/design/domain.md`` §3, §5, §7 (the article's numbers), cited
+in each rule's ``rationale``.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+import string
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import yaml
+
+from diagnose.engine.condition import compile_condition, mangle
+from diagnose.engine.errors import RuleError
+from diagnose.errors import DiagnoseError
+from diagnose.yamlio import load_yaml
+
+Number = int | float
+
+_SEGMENT = r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*"
+FINDING_NAME_RE = re.compile(rf"^{_SEGMENT}(?:\.{_SEGMENT})+$")
+THRESHOLD_NAME_RE = re.compile(rf"^{_SEGMENT}$")
+RULE_ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]*$")
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A named threshold: value, unit, and why that number (with its source)."""
+
+    value: Number
+    unit: str
+    rationale: str
+
+
+@dataclass(frozen=True, eq=False)
+class Rule:
+    """One symptom rule (a ``rules/<id>.yaml`` file). See ``rules/rule.schema.json``."""
+
+    id: str
+    symptom: str
+    title: str
+    severity: str
+    phase: str
+    scope: str
+    requires: tuple[str, ...]
+    thresholds: dict[str, Threshold]
+    condition: str
+    summary: str
+    likely_cause: str
+    how_to_verify: str
+    fix: str
+    references: tuple[str, ...]
+    why: str = ""
+    evidence: tuple[str, ...] = ()
+    min_samples: dict[str, int] = field(default_factory=dict)
+    source: str = ""
+    tree: ast.Expression | None = field(default=None, repr=False)
+
+    def threshold_values(self) -> dict[str, Number]:
+        return {k: t.value for k, t in self.thresholds.items()}
+
+    def with_thresholds(self, values: Mapping[str, Number]) -> "Rule":
+        """A copy with some threshold values replaced (names must exist)."""
+        th = dict(self.thresholds)
+        for k, v in values.items():
+            th[k] = replace(th[k], value=v)
+        return replace(self, thresholds=th)
+
+
+@lru_cache(maxsize=1)
+def rule_schema() -> dict:
+    """The JSON Schema every rule file must satisfy (``rules/rule.schema.json``)."""
+    return json.loads(resources.files("diagnose.rules").joinpath("rule.schema.json").read_text(encoding="utf-8"))
+
+
+def _validate_schema(data: Any, where: str) -> None:
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(rule_schema())
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        loc = "/".join(str(p) for p in e.absolute_path) or "(top level)"
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise RuleError(f"{where}: schema: at {loc}: {e.message}{more}")
+
+
+def _check_template(template: str, allowed: set[str], where: str, what: str = "summary") -> None:
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise RuleError(f"{where}: {what} template is invalid: {e}") from None
+    for _, fname, spec, conv in parts:
+        if fname is None:
+            continue
+        if fname == "" or fname not in allowed:
+            raise RuleError(f"{where}: {what} refers to {fname!r}, which is not a required/evidence finding or a threshold")
+        if conv:
+            raise RuleError(f"{where}: {what} field {fname!r}: conversions (!r/!s/!a) are not allowed")
+        if spec and ("{" in spec or "}" in spec):
+            raise RuleError(f"{where}: {what} field {fname!r}: nested format fields are not allowed")
+        if spec:
+            ok = False
+            for probe in (0.5, 1):
+                try:
+                    format(probe, spec)
+                    ok = True
+                except (ValueError, TypeError):
+                    pass
+            if not ok:
+                raise RuleError(f"{where}: {what} field {fname!r}: format spec {spec!r} does not format numbers")
+
+
+def render_template(template: str, values: Mapping[str, Any]) -> str:
+    """Fill ``{name[:spec]}`` fields with numbers (dotted finding names taken literally; None -> "n/a")."""
+    out = []
+    for lit, fname, spec, _ in string.Formatter().parse(template):
+        out.append(lit)
+        if fname is None:
+            continue
+        v = values.get(fname)
+        if v is None:
+            out.append("n/a")
+            continue
+        try:
+            out.append(format(v, spec or ""))
+        except (ValueError, TypeError):
+            try:
+                out.append(format(float(v), spec or ""))
+            except (ValueError, TypeError):
+                out.append(str(v))
+    return "".join(out)
+
+
+def rule_from_dict(data: Any, where: str, expected_id: str | None = None, validate: bool = True) -> Rule:
+    """Validate one parsed rule file and compile its condition.
+
+    ``validate=False`` skips the JSON Schema check (used for the packaged rules, which the
+    test suite validates; importing jsonschema costs seconds on some installs). The
+    condition is always parsed and checked against the allowlist.
+
+    Raises:
+        RuleError: schema violation, id/file-name mismatch, unknown names, refused condition,
+            bad summary template.
+    """
+    if validate:
+        _validate_schema(data, where)
+    rid = data["id"]
+    if expected_id is not None and rid != expected_id:
+        raise RuleError(f"{where}: id {rid!r} does not match the file name {expected_id!r}.yaml")
+    requires = tuple(data["requires"])
+    evidence = tuple(x for x in data.get("evidence", []) if x not in requires)
+    thresholds = {k: Threshold(v["value"], v["unit"], v["rationale"]) for k, v in (data.get("thresholds") or {}).items()}
+    names = {mangle(f): "finding" for f in requires}
+    names.update({k: "threshold" for k in thresholds})
+    tree = compile_condition(data["condition"], names, where)
+    unused = [k for k in thresholds if k not in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}]
+    if unused:
+        raise RuleError(f"{where}: threshold(s) {', '.join(unused)} declared but not used in the condition")
+    allowed = set(requires) | set(evidence) | set(thresholds)
+    _check_template(data["summary"], allowed, where)
+    return Rule(
+        id=rid,
+        symptom=data["symptom"],
+        title=data["title"],
+        severity=data["severity"],
+        phase=data["phase"],
+        scope=data["scope"],
+        requires=requires,
+        thresholds=thresholds,
+        condition=data["condition"].strip(),
+        summary=data["summary"].strip(),
+        likely_cause=data["likely_cause"].strip(),
+        how_to_verify=data["how_to_verify"].strip(),
+        fix=data["fix"].strip(),
+        references=tuple(data["references"]),
+        why=(data.get("why") or "").strip(),
+        evidence=evidence,
+        min_samples=dict(data.get("min_samples") or {}),
+        source=where,
+        tree=tree,
+    )
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    try:
+        return load_yaml(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise RuleError(f"{where}: not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
+
+
+def _rule_files(path: str | Path | None):
+    """(display name, stem, text) for every rule file under ``path`` (default: packaged rules)."""
+    if path is None:
+        root = resources.files("diagnose.rules")
+        items = [(f"rules/{p.name}", p.name[:-5], p) for p in root.iterdir() if p.name.endswith(".yaml") and p.is_file()]
+    else:
+        p = Path(path)
+        if not p.exists():
+            raise RuleError(f"rules path not found: {path}")
+        if p.is_file():
+            items = [(str(p), p.stem, p)]
+        else:
+            items = [(str(f), f.stem, f) for f in p.iterdir() if f.suffix == ".yaml" and f.is_file()]
+    for where, stem, f in sorted(items, key=lambda x: x[1]):
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise RuleError(f"{where}: cannot read: {type(e).__name__}") from None
+        yield where, stem, text
+
+
+def load_rules(path: str | Path | None = None, validate: bool | None = None) -> list[Rule]:
+    """Load and validate rule files, sorted by id.
+
+    Args:
+        path: a directory of ``<id>.yaml`` files (its ``fixtures/`` folder is ignored), one
+            rule file, or None for the rules packaged in ``diagnose.rules``.
+        validate: check each file against ``rule.schema.json``; default: yes for user rule
+            files, no for the packaged ones (validated by the test suite and ``rules test``).
+
+    Raises:
+        RuleError: any invalid file (the message names it and what is wrong); duplicate ids.
+    """
+    if path is None:
+        return list(_packaged_rules(bool(validate)))
+    return _load(path, True if validate is None else validate)
+
+
+@lru_cache(maxsize=2)
+def _packaged_rules(validate: bool) -> tuple[Rule, ...]:
+    return tuple(_load(None, validate))
+
+
+def _load(path, validate: bool = True) -> list[Rule]:
+    rules: list[Rule] = []
+    seen: dict[str, str] = {}
+    for where, stem, text in _rule_files(path):
+        data = parse_yaml(text, where)
+        r = rule_from_dict(data, where, expected_id=stem, validate=validate)
+        if r.id in seen:
+            raise RuleError(f"{where}: duplicate rule id {r.id!r} (also in {seen[r.id]})")
+        seen[r.id] = where
+        rules.append(r)
+    return sorted(rules, key=lambda r: r.id)
+
+
+def parse_threshold_specs(specs: Iterable[str]) -> dict[str, float]:
+    """``["S3-launch-gaps.max_launch_gap_share=0.2"]`` -> ``{"S3-launch-gaps.max_launch_gap_share": 0.2}``.
+
+    Raises:
+        DiagnoseError: not RULE.NAME=NUMBER.
+    """
+    out: dict[str, float] = {}
+    for spec in specs or ():
+        if "=" not in spec or "." not in spec.split("=", 1)[0]:
+            raise DiagnoseError(f"--threshold expects RULE.NAME=VALUE, got {spec!r}")
+        key, val = (s.strip() for s in spec.split("=", 1))
+        try:
+            num = float(val[:-1]) / 100.0 if val.endswith("%") else float(val)
+        except ValueError:
+            raise DiagnoseError(f"--threshold {key}: {val!r} is not a number") from None
+        if not math.isfinite(num):
+            raise DiagnoseError(f"--threshold {key}: {val!r} is not finite")
+        out[key] = num
+    return out
+
+
+@dataclass
+class RulesConfig:
+    """Contents of a ``--rules-config`` YAML file."""
+
+    overrides: dict[str, float] = field(default_factory=dict)
+    disable: tuple[str, ...] = ()
+
+
+def load_rules_config(path: str) -> RulesConfig:
+    """Read a rules config::
+
+        thresholds:
+          S3-launch-gaps.max_launch_gap_share: 0.2      # flat RULE.NAME keys, or
+          S2-decode-far-from-bound: {max_bound_ratio: 4}  # nested per rule
+        disable: [S7-cpu-region-shorter-than-gpu]
+
+    Raises:
+        RuleError: missing/unreadable file, bad YAML, unknown keys, non-numeric values.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RuleError(f"rules config not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RuleError(f"cannot read rules config {path}: {type(e).__name__}") from None
+    data = parse_yaml(text, str(path)) or {}
+    if not isinstance(data, dict):
+        raise RuleError(f"{path}: a rules config is a mapping with keys thresholds and disable")
+    extra = set(data) - {"thresholds", "disable"}
+    if extra:
+        raise RuleError(f"{path}: unknown key(s) {', '.join(sorted(map(str, extra)))} (allowed: thresholds, disable)")
+    cfg = RulesConfig()
+    th = data.get("thresholds") or {}
+    if not isinstance(th, dict):
+        raise RuleError(f"{path}: thresholds must be a mapping")
+    for k, v in th.items():
+        items = [(f"{k}.{n}", x) for n, x in v.items()] if isinstance(v, dict) else [(str(k), v)]
+        for key, x in items:
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+                raise RuleError(f"{path}: threshold {key} must be a number, got {x!r}")
+            if "." not in key:
+                raise RuleError(f"{path}: threshold key {key!r} must be RULE.NAME")
+            cfg.overrides[key] = x
+    dis = data.get("disable") or []
+    if not isinstance(dis, list) or not all(isinstance(x, str) for x in dis):
+        raise RuleError(f"{path}: disable must be a list of rule ids")
+    cfg.disable = tuple(dis)
+    return cfg
+
+
+def apply_overrides(rules: Sequence[Rule], overrides: Mapping[str, Number] | None) -> list[Rule]:
+    """Rules with ``{"RULE.NAME": value}`` overrides applied.
+
+    Raises:
+        RuleError: unknown rule id or threshold name, or a non-numeric value.
+    """
+    if not overrides:
+        return list(rules)
+    by_id = {r.id: r for r in rules}
+    per_rule: dict[str, dict[str, Number]] = {}
+    for key, val in overrides.items():
+        rid, _, name = str(key).rpartition(".")
+        if rid not in by_id:
+            raise RuleError(f"threshold override {key!r}: unknown rule {rid!r}")
+        if name not in by_id[rid].thresholds:
+            have = ", ".join(by_id[rid].thresholds) or "none"
+            raise RuleError(f"threshold override {key!r}: rule {rid} has no threshold {name!r} (has: {have})")
+        if isinstance(val, bool) or not isinstance(val, (int, float)):
+            raise RuleError(f"threshold override {key!r}: value must be a number, got {val!r}")
+        per_rule.setdefault(rid, {})[name] = val
+    return [r.with_thresholds(per_rule[r.id]) if r.id in per_rule else r for r in rules]
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """The rules to evaluate and their threshold overrides (``{"RULE.NAME": value}``), after
+    ``--rules``, ``--rules-config`` (thresholds, disable) and ``--threshold`` were applied."""
+
+    rules: tuple[Rule, ...]
+    overrides: dict[str, Number] = field(default_factory=dict)
+
+    def effective(self) -> dict[str, Rule]:
+        """Rules by id with the overrides applied."""
+        return {r.id: r for r in apply_overrides(self.rules, self.overrides)}
+
+
+def load_ruleset(rules_dir: str | None = None, rules_config: str | None = None, thresholds: Iterable[str] = (),
+                 extra: Mapping[str, Number] | None = None) -> RuleSet:
+    """Rules minus disabled ones, with overrides. Precedence: config < ``extra`` < ``thresholds``.
+
+    Raises:
+        RuleError: invalid rules, config, or an override naming an unknown rule or threshold.
+        DiagnoseError: a malformed ``--threshold`` spec.
+    """
+    rules = load_rules(rules_dir)
+    overrides: dict[str, Number] = {}
+    disabled: tuple[str, ...] = ()
+    if rules_config:
+        cfg = load_rules_config(rules_config)
+        overrides.update(cfg.overrides)
+        disabled = cfg.disable
+        unknown = [d for d in disabled if d not in {r.id for r in rules}]
+        if unknown:
+            raise RuleError(f"{rules_config}: disable names unknown rule(s): {', '.join(unknown)}")
+    overrides.update(extra or {})
+    overrides.update(parse_threshold_specs(thresholds))
+    apply_overrides(rules, overrides)  # validate names now: exit 2 on a typo
+    rules = [r for r in rules if r.id not in disabled]
+    overrides = {k: v for k, v in overrides.items() if k.rpartition(".")[0] not in disabled}
+    return RuleSet(tuple(rules), overrides)

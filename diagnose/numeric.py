@@ -1,0 +1,32 @@
+"""Small numeric helpers shared by the findings, rule and report layers."""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+Number = int | float
+
+
+def num(x: Any) -> Number | None:
+    """A finite int/float, else None (bool -> int; NaN/inf/strings/None -> None)."""
+    if x is None or isinstance(x, str):
+        return None
+    if isinstance(x, bool):
+        return int(x)
+    if isinstance(x, numbers.Integral):
+        return int(x)
+    if not isinstance(x, numbers.Real):
+        return None
+    f = float(x)
+    if math.isnan(f) or math.isinf(f):
+        return None
+    return f
+
+
+def div(a: Any, b: Any) -> float | None:
+    """a / b for finite numbers, None when either is missing or b is 0."""
+    a, b = num(a), num(b)
+    if a is None or b is None or b == 0:
+        return None
+    return a / b

@@ -1,0 +1,140 @@
+"""The shape of the code base: no import cycle between modules, no library module importing a
+command-line module, every command sharing the analysis option set and documented in the
+README, and every quality code emitted somewhere listed in the vocabulary (and vice versa)."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import ROOT
+from diagnose import vocab
+from diagnose.cli import main
+from diagnose.cli_options import ANALYSIS_FLAGS, RULE_FLAGS
+
+#: Source folders -> import names (the card's folders map into the one import root).
+PACKAGES = {"diagnose": "diagnose", "app": "diagnose.app", "collectors": "diagnose.collectors", "rules": "diagnose.rules"}
+#: Command-line modules: thin layers that parse options and format results.
+CLI_MODULES = {"diagnose.cli", "diagnose.cli_options", "diagnose.cliutil", "diagnose.rules_cli", "diagnose.bounds_cli",
+               "diagnose.app.serve_cli", "diagnose.collectors.collect_cli"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for folder, pkg in PACKAGES.items():
+        for p in (ROOT / folder).rglob("*.py"):
+            rel = p.relative_to(ROOT / folder).with_suffix("")
+            parts = [x for x in rel.parts if x != "__init__"]
+            out[".".join([pkg, *parts])] = p
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Project modules ``name`` imports, at module level or inside functions."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    is_pkg = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".") if is_pkg else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            mods = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for m in mods:
+            while m and m not in known:
+                m = m.rpartition(".")[0]
+            if m and m != name:
+                out.add(m)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {n: _imports(n, p, set(mods)) for n, p in mods.items()}
+
+
+def _is_child(mod: str, parent: str) -> bool:
+    return mod.startswith(parent + ".")
+
+
+def test_no_library_module_imports_a_cli_module():
+    bad = sorted((m, d) for m, deps in _graph().items() if m not in CLI_MODULES for d in deps if d in CLI_MODULES)
+    assert bad == []
+
+
+def test_no_import_cycle():
+    g = _graph()
+    # A package importing its own submodules (re-exports) is not a cycle of the design.
+    edges = {m: {d for d in deps if not _is_child(d, m)} for m, deps in g.items()}
+    cycles = []
+    state: dict[str, int] = {}
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(edges.get(m, ())):
+            if state.get(d) == 1:
+                cycles.append(stack[stack.index(d):] + [d] if d in stack else [m, d])
+            elif d not in state:
+                visit(d, stack + [d])
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == []
+
+
+COMMANDS_WITH_SHARED_OPTIONS = ("run", "serve", "gate", "compare", "sweep")
+
+
+@pytest.mark.parametrize("command", COMMANDS_WITH_SHARED_OPTIONS)
+def test_every_command_takes_the_shared_option_set(command):
+    r = CliRunner().invoke(main, [command, "--help"], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    flags = set(re.findall(r"(--[a-z][a-z0-9-]*)", r.output))
+    assert set(ANALYSIS_FLAGS) <= flags, set(ANALYSIS_FLAGS) - flags
+    assert set(RULE_FLAGS) <= flags, set(RULE_FLAGS) - flags
+
+
+def test_every_command_is_in_the_readme_usage():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    usage = readme[readme.index("## Usage"):readme.index("### In CI")]
+    names = set(main.list_commands(None))
+    missing = [n for n in sorted(names) if f"diagnose {n}" not in usage]
+    assert missing == []
+    for n in sorted(names):
+        r = CliRunner().invoke(main, [n, "--help"])
+        assert r.exit_code == 0 and "Usage:" in r.output, n
+
+
+def _emitted_quality_codes() -> set[str]:
+    codes = set()
+    pat = re.compile(r"""(?:note|_note|QualityIssue)\(\s*["']([a-z0-9_]+)["']""")
+    for folder in PACKAGES:
+        for p in (ROOT / folder).rglob("*.py"):
+            codes |= set(pat.findall(p.read_text(encoding="utf-8")))
+    codes |= set(re.findall(r'"(nsys_[a-z_]+)"', (ROOT / "diagnose" / "trace" / "nsys.py").read_text(encoding="utf-8")))
+    return codes - {"nsys_path"}
+
+
+def test_quality_codes_are_one_vocabulary():
+    emitted = _emitted_quality_codes()
+    listed = set(vocab.QUALITY_CODES)
+    assert sorted(emitted - listed) == [], "emitted but not in diagnose/vocab.py"
+    assert sorted(listed - emitted) == [], "listed in diagnose/vocab.py but never emitted"
+
+
+def test_readme_quality_table_is_generated():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"<!-- quality-codes:begin[^>]*-->\n(.*?)\n<!-- quality-codes:end -->", readme, re.S)
+    assert m, "README lacks the generated quality-code table markers"
+    assert m.group(1) == vocab.quality_table_markdown(), "regenerate: python -m diagnose.vocab"
