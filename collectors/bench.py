@@ -35,8 +35,9 @@ run's dtype:
 Achieved TFLOP/s and TB/s divide those by the p50 time. With a device peak (resolved from
 ``torch.cuda.get_device_name()`` on CUDA, or ``gpu`` / ``peak_tflops`` /
 ``bandwidth_tbps``): MFU, MBU, the analytic lower bound max(FLOPs / peak FLOP/s,
-bytes / peak B/s), which of the two terms sets it (``bound``), and ``bound_ratio`` =
-p50 / lower bound. Without a peak those fields are null and ``attainment_missing`` says
+bytes / peak B/s), which of the two terms sets it (``bound``: arithmetic intensity against
+the ridge point), and ``bound_ratio`` = p50 / lower bound, all from
+:func:`diagnose.roofline.roofline` (the formula the trace analysis uses), unrounded. Without a peak those fields are null and ``attainment_missing`` says
 why. Units: TFLOP/s = 1e12 FLOP/s, TB/s = 1e12 B/s, GB = 1e9 B.
 
 Optional perplexity (symptom S6, domain.md section 7): over a text file, with the model's
@@ -62,12 +63,14 @@ from typing import Any, Callable, Sequence
 from diagnose import accounting
 from diagnose.accounting import ModelSpec
 from diagnose.errors import DiagnoseError
+from diagnose.roofline import roofline
 
 BENCH_SCHEMA = "diagnose.bench"
 """Value of ``results["schema"]``."""
 
-BENCH_SCHEMA_VERSION = 1
-"""Value of ``results["schema_version"]``."""
+BENCH_SCHEMA_VERSION = 2
+"""Value of ``results["schema_version"]``. 2: ``peak`` is :meth:`GpuPeak.to_dict`
+(``peak_tflops``, ``peak_tbps``; was ``dense_fp16_tflops``, ``memory_bandwidth_tbps``)."""
 
 DEFAULT_PROMPT_LENS = (512, 2048, 8192)
 DEFAULT_BATCHES = (1, 8, 32)
@@ -192,6 +195,10 @@ def attainment(
 ) -> dict:
     """Achieved TFLOP/s and TB/s at ``time_s``, and MFU/MBU/bound against ``peak``.
 
+    One step of :func:`diagnose.roofline.roofline` at full precision (``rounded=False``:
+    rows of a tiny model on CPU reach only micro-TFLOP/s, which the report's 6-decimal
+    rounding would erase).
+
     Args:
         time_s: the row's p50 time in seconds (None when the row did not run).
         flops: analytic FLOPs of one iteration.
@@ -204,47 +211,30 @@ def attainment(
         ``mbu``, ``bound_ms``, ``bound`` ("compute" | "memory"), ``bound_ratio``,
         ``attainment_missing`` (list of reasons for null fields).
     """
-    out: dict[str, Any] = {
-        "arithmetic_intensity": flops / nbytes if nbytes else None,
-        "achieved_tflops": None,
-        "achieved_tbps": None,
-        "mfu": None,
-        "mbu": None,
-        "bound_ms": None,
-        "bound": None,
-        "bound_ratio": None,
-    }
+    roof = roofline(flops, nbytes, time_s, peak, rounded=False)
     missing: list[str] = []
-    if time_s is None or time_s <= 0:
+    if "time" in roof.missing:
         missing.append("time (the row did not run)")
-    else:
-        out["achieved_tflops"] = flops / time_s / 1e12
-        out["achieved_tbps"] = nbytes / time_s / 1e12
-    tflops = getattr(peak, "dense_fp16_tflops", None) if peak is not None else None
-    tbps = getattr(peak, "memory_bandwidth_tbps", None) if peak is not None else None
     if peak is None:
         missing.append(no_peak_reason or "no device peak")
     else:
-        if not tflops:
+        if "peak_tflops" in roof.missing:
             missing.append("mfu (no peak TFLOP/s: pass --peak-tflops)")
-        if not tbps:
+        if "peak_tbps" in roof.missing:
             missing.append("mbu (no memory bandwidth: pass --bandwidth-tbps)")
-    if tflops and out["achieved_tflops"] is not None:
-        out["mfu"] = out["achieved_tflops"] / tflops
-    if tbps and out["achieved_tbps"] is not None:
-        out["mbu"] = out["achieved_tbps"] / tbps
-    if tflops and tbps:
-        compute_s = accounting.prefill_bound_s(flops, tflops)
-        memory_s = accounting.decode_step_bound_s(nbytes, tbps)
-        bound_s = max(compute_s, memory_s)
-        out["bound_ms"] = bound_s * 1e3
-        out["bound"] = "compute" if compute_s >= memory_s else "memory"
-        if time_s and bound_s > 0:
-            out["bound_ratio"] = time_s / bound_s
-    elif peak is not None:
-        missing.append("bound (needs both peak TFLOP/s and memory bandwidth)")
-    out["attainment_missing"] = missing
-    return out
+        if roof.bound_s is None:
+            missing.append("bound (needs both peak TFLOP/s and memory bandwidth)")
+    return {
+        "arithmetic_intensity": roof.arithmetic_intensity,
+        "achieved_tflops": roof.achieved_tflops,
+        "achieved_tbps": roof.achieved_tbps,
+        "mfu": roof.mfu,
+        "mbu": roof.mbu,
+        "bound_ms": None if roof.bound_s is None else roof.bound_s * 1e3,
+        "bound": roof.bound,
+        "bound_ratio": roof.bound_ratio,
+        "attainment_missing": missing,
+    }
 
 
 # -- torch helpers ------------------------------------------------------------------
@@ -391,16 +381,8 @@ def _resolve_peak(
 
 
 def _peak_json(peak: Any | None) -> dict | None:
-    if peak is None:
-        return None
-    return {
-        "name": peak.name,
-        "dense_fp16_tflops": peak.dense_fp16_tflops,
-        "memory_bandwidth_tbps": peak.memory_bandwidth_tbps,
-        "ridge_flop_per_byte": peak.ridge_flop_per_byte,
-        "source": peak.source,
-        "overrides": list(peak.overrides),
-    }
+    """The peak as the JSON report's ``gpu`` object (:meth:`GpuPeak.to_dict`), or None."""
+    return None if peak is None else peak.to_dict()
 
 
 def _row(
@@ -624,6 +606,7 @@ def run_bench(
         "model": {
             "name": spec.name,
             "params_total": spec.params_total,
+            "params_active_per_token": spec.params_active_per_token,
             "weight_bytes": accounting.weight_bytes(spec, weight_dtype),
             "kv_bytes_per_token": accounting.kv_bytes_per_token(spec, kv_dtype),
         },
@@ -815,7 +798,7 @@ def results_table(results: dict) -> Any:
         table.caption = f"MFU/MBU/bound skipped: {results.get('peak_missing')}"
     else:
         table.caption = (
-            f"peak {peak['name']}: {_num(peak['dense_fp16_tflops'], '{:g}')} TFLOP/s dense FP16/BF16, "
-            f"{_num(peak['memory_bandwidth_tbps'], '{:g}')} TB/s; derived numbers use p50"
+            f"peak {peak['name']}: {_num(peak['peak_tflops'], '{:g}')} TFLOP/s dense FP16/BF16, "
+            f"{_num(peak['peak_tbps'], '{:g}')} TB/s; derived numbers use p50"
         )
     return table

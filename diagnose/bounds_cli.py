@@ -1,13 +1,16 @@
 """Click commands for analytic bounds: ``diagnose kv-budget`` and ``diagnose bounds``.
 
-Thin wrappers over :mod:`diagnose.accounting` and :mod:`diagnose.hardware`. Both commands
-print either rich tables (units in every column header; GB = 1e9 bytes, GiB = 2**30) or
-JSON. Bad input (missing or unreadable config, non-JSON, missing keys, unknown GPU, bad
-numbers) prints one ``error: ...`` line on stderr and exits with status 2, never a
+Thin wrappers over :mod:`diagnose.accounting`, :mod:`diagnose.roofline` and
+:mod:`diagnose.hardware`. Both commands print either rich tables (units in every column
+header; GB = 1e9 bytes, GiB = 2**30) or JSON. ``--model-config`` takes a ``config.json``
+path or the name of a shipped config (``diagnose bounds --help`` lists them). Bad input
+(missing or unreadable config, non-JSON, missing keys, an unsupported config key, unknown
+GPU, bad numbers) prints one ``error: ...`` line on stderr and exits with status 2, never a
 traceback.
 
 The commands are exported as :data:`kv_budget_command` and :data:`bounds_command` for the
-main group to register.
+main group to register. :func:`load_model_config` is re-exported from
+:mod:`diagnose.accounting` for callers that still import it from here.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -30,15 +32,22 @@ from diagnose.accounting import (
     KiB,
     ModelSpec,
     decode_step,
+    experts_touched,
     kv_budget,
     kv_bytes_per_token,
+    kv_layout,
+    load_model_config,
+    model_weights,
     prefill_bytes,
     prefill_flops,
-    ridge_point_flop_per_byte,
-    weight_bytes,
+    shipped_model_configs,
 )
+from diagnose.clitypes import POSITIVE_INT_LIST
 from diagnose.errors import DiagnoseError
 from diagnose.hardware import GpuPeak, peak_from_overrides
+from diagnose.roofline import roofline
+
+__all__ = ["bounds_command", "kv_budget_command", "load_model_config"]
 
 _DTYPES = click.Choice(sorted(DTYPE_BITS), case_sensitive=False)
 _FORMATS = click.Choice(["text", "json"], case_sensitive=False)
@@ -50,43 +59,8 @@ def _fail(message: str) -> NoReturn:
     raise click.exceptions.Exit(2)
 
 
-def load_model_config(path: str) -> ModelSpec:
-    """Read a Hugging Face ``config.json`` and build a :class:`ModelSpec`.
-
-    Raises:
-        DiagnoseError: missing/unreadable file, not JSON, or missing keys.
-    """
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DiagnoseError(f"model config not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or exc.__class__.__name__
-        raise DiagnoseError(f"cannot read model config {path}: {reason}") from None
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DiagnoseError(f"model config {path} is not JSON: {exc.msg} at line {exc.lineno}") from None
-    name = cfg.get("_name_or_path") if isinstance(cfg, dict) else None
-    if not name:
-        # ".../Qwen3-0.6B/config.json" -> "Qwen3-0.6B"; "qwen3_0_6b_config.json" -> its stem.
-        name = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
-    return ModelSpec.from_hf_config(cfg, name=name)
-
-
-def _int_list(value: str, flag: str, allow_zero: bool = False) -> list[int]:
-    out: list[int] = []
-    for part in value.split(","):
-        part = part.strip()
-        try:
-            n = int(part)
-        except ValueError:
-            _fail(f"{flag} takes comma-separated integers, got {value!r}")
-        if n < 0 or (n == 0 and not allow_zero):
-            _fail(f"{flag} values must be {'>= 0' if allow_zero else '> 0'}, got {n}")
-        out.append(n)
-    return out
+def _model_config_help(what: str) -> str:
+    return f"Hugging Face config.json, or a shipped config name ({', '.join(shipped_model_configs())}): {what}"
 
 
 def _console() -> Console:
@@ -123,15 +97,16 @@ def _gib(n: float) -> str:
 @click.option(
     "--model-config",
     type=str,
-    help="Hugging Face config.json: gives L, n_kv, d and the weight bytes.",
+    help=_model_config_help("gives the KV layout (GQA, MLA, sliding windows) and the weight bytes."),
 )
 @click.option(
     "--weight-dtype",
     type=_DTYPES,
-    default="bf16",
-    show_default=True,
-    help="Weight dtype for the weight bytes of --model-config.",
+    default=None,
+    help="Weight dtype for the weight bytes of --model-config [default: the config's quantization_config, else bf16].",
 )
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tensor-parallel size: KV heads and weights per rank (vLLM sharding).")
 @click.option("--memory-gb", type=float, help="Device memory in GB (1e9 bytes).")
 @click.option(
     "--overhead-gb",
@@ -155,7 +130,8 @@ def kv_budget_command(
     batch: int,
     bytes_per_elem: float,
     model_config: str | None,
-    weight_dtype: str,
+    weight_dtype: str | None,
+    tp: int,
     memory_gb: float | None,
     overhead_gb: float,
     weights_gb: float | None,
@@ -164,12 +140,17 @@ def kv_budget_command(
 ) -> None:
     """KV-cache bytes per token and per batch, and how many sequences fit.
 
-    KV bytes per token = 2 * L * n_kv * d * bytes per element (domain.md section 2).
-    With --memory-gb (or --kv-memory-gib): concurrency ceiling = floor(KV memory / KV per
-    sequence), usable = floor(0.75 * ceiling) after fragmentation (domain.md section 3).
+    KV bytes per token = 2 * L * n_kv * d * bytes per element (domain.md section 2); from
+    --model-config, MLA layers cache kv_lora_rank + qk_rope_head_dim per token and
+    sliding-window layers hold at most their window of each sequence. With --tp, per rank:
+    max(1, n_kv / tp) KV heads. With --memory-gb (or --kv-memory-gib): concurrency ceiling =
+    floor(KV memory / KV per sequence), usable = floor(0.75 * ceiling) after fragmentation
+    (domain.md section 3).
     """
+    notes: list[str] = []
     try:
         spec = load_model_config(model_config) if model_config else None
+        shape_flags = any(v is not None for v in (layers, kv_heads, head_dim))
         if spec is not None:
             layers = spec.num_hidden_layers if layers is None else layers
             kv_heads = spec.num_key_value_heads if kv_heads is None else kv_heads
@@ -188,10 +169,28 @@ def kv_budget_command(
             _fail(f"--weights-gb must be >= 0, got {weights_gb}")
         if kv_memory_gib is not None and not kv_memory_gib > 0:
             _fail(f"--kv-memory-gib must be > 0, got {kv_memory_gib}")
-        elems = 2 * layers * kv_heads * head_dim
-        per_token = math.ceil(elems * bytes_per_elem)
+        if weight_dtype is not None and spec is None:
+            _fail("--weight-dtype needs --model-config")
+        per_seq: int | None = None
+        if spec is not None and not shape_flags:
+            lay = kv_layout(spec, tp)
+            per_token = math.ceil(lay.elements_per_token * bytes_per_elem)
+            if lay.sliding:
+                per_seq = math.ceil(lay.sequence_elements(seq_len) * bytes_per_elem)
+                windows = ", ".join(str(w) for w, _ in lay.sliding)
+                notes.append(f"{spec.num_sliding_layers} sliding-window layers (window {windows}) hold at most their window of each sequence")
+            kv_heads_rank = None if spec.mla is not None else max(1, kv_heads // tp)
+            if spec.mla is not None:
+                notes.append("MLA: kv_lora_rank + qk_rope_head_dim elements per token and layer (--kv-heads/--head-dim do not apply)")
+        else:
+            if tp > 1 and kv_heads % tp and tp % kv_heads:
+                _fail(f"--tp {tp}: --kv-heads {kv_heads} and {tp} do not divide one another")
+            kv_heads_rank = max(1, kv_heads // tp)
+            per_token = math.ceil(2 * layers * kv_heads_rank * head_dim * bytes_per_elem)
+            if spec is not None and (spec.mla is not None or spec.layer_windows):
+                notes.append("shape flags given: every layer counted as full GQA attention with those shapes")
         if spec is not None:
-            w_bytes = weight_bytes(spec, weight_dtype)
+            w_bytes = model_weights(spec, weight_dtype, tp).bytes
         else:
             w_bytes = round((weights_gb or 0.0) * GB)
         budget = kv_budget(
@@ -202,6 +201,7 @@ def kv_budget_command(
             overhead_gb=overhead_gb,
             weight_bytes=w_bytes,
             kv_memory_bytes=None if kv_memory_gib is None else round(kv_memory_gib * GiB),
+            kv_bytes_per_sequence=per_seq,
         )
     except DiagnoseError as exc:
         _fail(str(exc))
@@ -210,7 +210,9 @@ def kv_budget_command(
         "model": spec.name if spec else None,
         "layers": layers,
         "kv_heads": kv_heads,
+        "kv_heads_per_rank": kv_heads_rank,
         "head_dim": head_dim,
+        "tp": tp,
         "bytes_per_elem": bytes_per_elem,
         "kv_bytes_per_token": budget.kv_bytes_per_token,
         "seq_len": budget.seq_len,
@@ -222,7 +224,7 @@ def kv_budget_command(
         "memory_gb": budget.memory_gb,
         "overhead_gb": budget.overhead_gb,
         "weight_bytes": budget.weight_bytes,
-        "weight_dtype": weight_dtype.lower() if spec else None,
+        "weight_dtype": (weight_dtype.lower() if weight_dtype else model_weights(spec, None, tp).weight_format) if spec else None,
         "kv_memory_bytes": budget.kv_memory_bytes,
         "kv_memory_gib": budget.kv_memory_gib,
         "max_sequences": budget.max_sequences,
@@ -230,7 +232,6 @@ def kv_budget_command(
         "fragmentation_factor": budget.fragmentation_factor,
         "fits": budget.fits,
     }
-    notes = []
     if memory_gb is not None and spec is None and weights_gb is None and kv_memory_gib is None:
         notes.append("no weights subtracted from --memory-gb: give --model-config or --weights-gb")
     if kv_memory_gib is not None and memory_gb is not None:
@@ -249,7 +250,9 @@ def kv_budget_command(
     table.add_column("GB (1e9 B)", justify="right")
     table.add_column("GiB (2^30 B)", justify="right")
     table.add_row(
-        f"KV per token (2 x {layers} x {kv_heads} x {head_dim} x {bytes_per_elem:g} B)",
+        f"KV per token (2 x {layers} x {kv_heads_rank} x {head_dim} x {bytes_per_elem:g} B)"
+        if kv_heads_rank is not None and not (spec is not None and spec.mla is not None)
+        else f"KV per token (MLA latent, {bytes_per_elem:g} B per element)",
         f"{budget.kv_bytes_per_token:,}",
         f"{budget.kv_bytes_per_token / GB:.6f}",
         f"{budget.kv_bytes_per_token / GiB:.6f}",
@@ -290,33 +293,106 @@ def kv_budget_command(
 # -- bounds -------------------------------------------------------------------------
 
 
+def _model_json(spec: ModelSpec, weight_dtype: str | None, kv_dtype: str | None, tp: int) -> dict[str, Any]:
+    w = model_weights(spec, weight_dtype, tp)
+    out: dict[str, Any] = {
+        "name": spec.name,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "hidden_size": spec.hidden_size,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "head_dim": spec.head_dim,
+        "intermediate_size": spec.intermediate_size,
+        "vocab_size": spec.vocab_size,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "params_attention_per_layer": spec.params_attention_per_layer,
+        "params_mlp_per_layer": spec.params_mlp_per_layer,
+        "params_per_layer": spec.params_per_layer,
+        "params_body": spec.params_body,
+        "params_embedding": spec.params_embedding,
+        "params_total": spec.params_total,
+        "params_active_per_token": spec.params_active_per_token,
+        "params_mtp": spec.params_mtp,
+        "moe": None,
+        "attention": "mla" if spec.mla is not None else "gqa",
+        "sliding_layers": spec.num_sliding_layers,
+        "sliding_windows": sorted({x for x in spec.layer_windows if x is not None}),
+        "tp": tp,
+        "params_per_rank": w.params,
+        "weight_dtype": weight_dtype or ("bf16" if spec.quantization is None else spec.quantization.method),
+        "weight_format": w.weight_format,
+        "weight_bytes": w.bytes,
+        "kv_dtype": kv_dtype or "fp16",
+        "kv_bytes_per_token": kv_bytes_per_token(spec, kv_dtype, tp=tp),
+    }
+    if spec.moe is not None:
+        out["moe"] = {
+            "num_experts": spec.moe.num_experts,
+            "num_experts_per_tok": spec.moe.num_experts_per_tok,
+            "moe_intermediate_size": spec.moe.expert_intermediate_size,
+            "shared_expert_intermediate_size": spec.moe.shared_intermediate_size,
+            "moe_layers": spec.num_moe_layers,
+            "params_expert": spec.params_expert,
+            "params_experts": spec.params_experts,
+            "expert_bytes_per_rank": w.expert_bytes,
+        }
+    return out
+
+
+def _assumptions(spec: ModelSpec, tp: int) -> list[str]:
+    out = []
+    if spec.moe is not None:
+        out.append(
+            "MoE: experts touched per layer = E * (1 - (1 - k/E)^B) for B tokens: uniform, independent routing, "
+            "which maximises the experts touched, so skewed real routing reads less than this figure"
+        )
+    if spec.layer_windows:
+        out.append("sliding-window layers read min(context, window) tokens of KV per sequence")
+    if spec.mla is not None:
+        out.append("MLA: KV cache kv_lora_rank + qk_rope_head_dim per token and layer; attention FLOPs in the "
+                   "per-head (non-absorbed) form")
+    if spec.quantization is not None:
+        out.append("quantization_config: block/channel scales of fp8 are not counted; AWQ/GPTQ add (16 + bits) bits per group")
+    if spec.mtp_layers:
+        out.append(f"num_nextn_predict_layers = {spec.mtp_layers}: the multi-token-prediction layer(s) "
+                   f"({spec.params_mtp:,} params) are not counted: they run only for MTP speculative decoding")
+    if tp > 1:
+        out.append(f"tensor parallel {tp}: bytes and FLOPs of one rank (vLLM sharding: attention, MLP and expert widths "
+                   "split, KV heads max(1, n_kv / tp), vocab-parallel embedding and LM head, routers replicated); "
+                   "communication not counted")
+    out.append("decode reads the whole embedding table once per step (the article's convention)")
+    return out
+
+
 def _bounds_result(
     spec: ModelSpec,
     peak: GpuPeak,
     batches: list[int],
     context: int,
     prompt_lens: list[int],
-    weight_dtype: str,
-    kv_dtype: str,
+    weight_dtype: str | None,
+    kv_dtype: str | None,
     lm_head: str,
+    tp: int = 1,
 ) -> dict[str, Any]:
     """Everything ``diagnose bounds`` reports, as a JSON-ready dict."""
     tflops = peak.dense_fp16_tflops
     tbps = peak.memory_bandwidth_tbps
     assert tflops is not None and tbps is not None
-    ridge = ridge_point_flop_per_byte(tflops, tbps)
-    w_bytes = weight_bytes(spec, weight_dtype)
-    kv_tok = kv_bytes_per_token(spec, kv_dtype)
 
     def decode_row(batch: int, ctx: int) -> dict[str, Any]:
-        step = decode_step(spec, batch, ctx, weight_dtype, kv_dtype)
+        step = decode_step(spec, batch, ctx, weight_dtype, kv_dtype, tp=tp)
         memory_ms = step.bytes_per_step / (tbps * 1e12) * 1e3
         compute_ms = step.flops_per_step / (tflops * 1e12) * 1e3
-        step_ms = max(memory_ms, compute_ms)
+        roof = roofline(step.flops_per_step, step.bytes_per_step, None, peak, rounded=False)
+        assert roof.bound_s is not None
+        step_ms = roof.bound_s * 1e3
         return {
             "batch": batch,
             "context": ctx,
             "weight_bytes": step.weight_bytes,
+            "expert_read_bytes": step.expert_read_bytes,
+            "experts_touched_per_layer": step.experts_touched_per_layer,
             "kv_read_bytes": step.kv_read_bytes,
             "bytes_per_step": step.bytes_per_step,
             "bytes_per_step_gb": step.bytes_per_step / GB,
@@ -326,8 +402,8 @@ def _bounds_result(
             "step_ms": step_ms,
             "tokens_per_s": batch / (step_ms / 1e3),
             "per_token_ms": step_ms / batch,
-            "arithmetic_intensity": step.arithmetic_intensity,
-            "bound": "memory" if memory_ms >= compute_ms else "compute",
+            "arithmetic_intensity": roof.arithmetic_intensity,
+            "bound": roof.bound,
         }
 
     decode = [decode_row(b, context) for b in batches]
@@ -335,11 +411,17 @@ def _bounds_result(
 
     prefill = []
     for s in prompt_lens:
-        f = prefill_flops(spec, s, 1, lm_head)  # type: ignore[arg-type]
-        moved = prefill_bytes(spec, s, 1, weight_dtype, kv_dtype)
+        f = prefill_flops(spec, s, 1, lm_head, tp=tp)  # type: ignore[arg-type]
+        moved = prefill_bytes(spec, s, 1, weight_dtype, kv_dtype, tp=tp)
         memory_ms = moved / (tbps * 1e12) * 1e3
         causal_ms = f.flops_total_causal / (tflops * 1e12) * 1e3
         full_ms = f.flops_total_full / (tflops * 1e12) * 1e3
+        causal = roofline(f.flops_total_causal, moved, None, peak, rounded=False)
+        full = roofline(f.flops_total_full, moved, None, peak, rounded=False)
+        assert causal.bound_s is not None and full.bound_s is not None
+        touched = None
+        if spec.moe is not None:
+            touched = experts_touched(spec.moe.num_experts, spec.moe.num_experts_per_tok, s)
         prefill.append(
             {
                 "prompt_len": s,
@@ -355,61 +437,39 @@ def _bounds_result(
                 "attention_share_causal": f.attention_share_causal,
                 "attention_share_full": f.attention_share_full,
                 "bytes_moved": moved,
+                "experts_touched_per_layer": touched,
                 "compute_ms_causal": causal_ms,
                 "compute_ms_full": full_ms,
                 "memory_ms": memory_ms,
-                "bound_ms": max(causal_ms, memory_ms),
-                "bound_ms_full": max(full_ms, memory_ms),
-                "arithmetic_intensity_causal": f.flops_total_causal / moved,
-                "arithmetic_intensity_full": f.flops_total_full / moved,
+                "bound_ms": causal.bound_s * 1e3,
+                "bound_ms_full": full.bound_s * 1e3,
+                "arithmetic_intensity_causal": causal.arithmetic_intensity,
+                "arithmetic_intensity_full": full.arithmetic_intensity,
             }
         )
 
     return {
-        "model": {
-            "name": spec.name,
-            "num_hidden_layers": spec.num_hidden_layers,
-            "hidden_size": spec.hidden_size,
-            "num_attention_heads": spec.num_attention_heads,
-            "num_key_value_heads": spec.num_key_value_heads,
-            "head_dim": spec.head_dim,
-            "intermediate_size": spec.intermediate_size,
-            "vocab_size": spec.vocab_size,
-            "tie_word_embeddings": spec.tie_word_embeddings,
-            "params_attention_per_layer": spec.params_attention_per_layer,
-            "params_mlp_per_layer": spec.params_mlp_per_layer,
-            "params_per_layer": spec.params_per_layer,
-            "params_body": spec.params_body,
-            "params_embedding": spec.params_embedding,
-            "params_total": spec.params_total,
-            "weight_dtype": weight_dtype,
-            "weight_bytes": w_bytes,
-            "kv_dtype": kv_dtype,
-            "kv_bytes_per_token": kv_tok,
-        },
-        "device": {
-            "name": peak.name,
-            "vendor": peak.vendor,
-            "peak_tflops": tflops,
-            "bandwidth_tbps": tbps,
-            "memory_gb": peak.memory_gb,
-            "ridge_flop_per_byte": ridge,
-            "source": peak.source,
-            "source_url": peak.source_url,
-            "overrides": list(peak.overrides),
-        },
+        "model": _model_json(spec, weight_dtype, kv_dtype, tp),
+        "gpu": peak.to_dict(),
         "conventions": {
             "units": "GB = 1e9 B, GiB = 2^30 B, TB/s = 1e12 B/s, TFLOP/s = 1e12 FLOP/s",
             "peak": "dense FP16/BF16 tensor-core peak (prefill runs in 16 bit whatever the weight dtype)",
-            "decode_bytes": "weight bytes + batch * context * KV bytes per token (domain.md section 3)",
-            "decode_flops": "2 * params_total * batch + 4 * n_h * d * context * L * batch",
+            "per_rank": f"every byte and FLOP is one tensor-parallel rank's (--tp {tp})",
+            "decode_bytes": "every non-expert weight once (embedding table and LM head included) + per MoE layer "
+            "E_touched * expert bytes, E_touched = E * (1 - (1 - k/E)^batch) + batch * context * KV bytes per token "
+            "(sliding-window layers: min(context, window)) (domain.md section 3)",
+            "decode_flops": "2 * P * batch + 2 * n_h * (d_qk + d_v) per key read per layer; P = the parameters a token "
+            "multiplies (params_total for a dense model, embedding included; MoE: top-k experts)",
             "decode_step": "max(bytes / bandwidth, FLOPs / peak); tokens/s = batch / step",
-            "prefill_flops": "linear 2 * params_body * S; LM head 2 * H * V per position "
-            f"({lm_head}); attention full = L * 2 * (2 * n_h * d * S^2), causal = full / 2",
-            "prefill_bytes": "weight bytes + S * KV bytes per token (activations not counted)",
+            "prefill_flops": "linear 2 * params_body_active * S; LM head 2 * H * V per position "
+            f"({lm_head}); attention full = L * 2 * (2 * n_h * d * S^2), causal = full / 2 "
+            "(sliding layers: S * W full, W * S - W^2 / 2 causal)",
+            "prefill_bytes": "weights read (MoE: experts touched by S tokens) + S * KV bytes per token "
+            "(activations not counted)",
             "prefill_bound": "bound_ms = max(causal FLOPs / peak, bytes / bandwidth); "
             "bound_ms_full uses full-attention FLOPs",
         },
+        "assumptions": _assumptions(spec, tp),
         "decode_weights_only": {"step_ms": floor["step_ms"], "tokens_per_s": floor["tokens_per_s"]},
         "decode": decode,
         "prefill": prefill,
@@ -417,15 +477,22 @@ def _bounds_result(
 
 
 @click.command("bounds")
-@click.option("--model-config", type=str, required=True, help="Hugging Face config.json of the model.")
+@click.option("--model-config", type=str, required=True, help=_model_config_help("the model to bound."))
 @click.option("--gpu", type=str, help="GPU row name (e.g. H100-SXM, A100-80GB-SXM, MI300X).")
 @click.option("--peak-tflops", type=float, help="Dense FP16/BF16 peak in TFLOP/s (1e12); overrides --gpu.")
 @click.option("--bandwidth-tbps", type=float, help="Memory bandwidth in TB/s (1e12 B/s); overrides --gpu.")
-@click.option("--batch", "batch_s", default="1,8,32,64,128", show_default=True, help="Decode batch sizes.")
-@click.option("--context", type=int, default=2048, show_default=True, help="Decode context (tokens in cache).")
-@click.option("--prompt-len", "prompt_s", default="512,2048,8192", show_default=True, help="Prefill prompt lengths.")
-@click.option("--weight-dtype", type=_DTYPES, default="bf16", show_default=True)
-@click.option("--kv-dtype", type=_DTYPES, default="fp16", show_default=True)
+@click.option("--batch", "batches", type=POSITIVE_INT_LIST, default="1,8,32,64,128", show_default=True,
+              help="Decode batch sizes, comma-separated.")
+@click.option("--context", type=click.IntRange(min=0), default=2048, show_default=True,
+              help="Decode context (tokens in each sequence's cache).")
+@click.option("--prompt-len", "prompt_lens", type=POSITIVE_INT_LIST, default="512,2048,8192", show_default=True,
+              help="Prefill prompt lengths, comma-separated.")
+@click.option("--weight-dtype", type=_DTYPES, default=None,
+              help="Every weight in this dtype [default: the config's quantization_config, else bf16].")
+@click.option("--kv-dtype", type=_DTYPES, default=None,
+              help="KV-cache dtype [default: the config's kv_cache_scheme, else fp16].")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tensor-parallel size: bounds of one rank (vLLM sharding).")
 @click.option(
     "--lm-head",
     type=click.Choice(["all", "last"]),
@@ -439,25 +506,24 @@ def bounds_command(
     gpu: str | None,
     peak_tflops: float | None,
     bandwidth_tbps: float | None,
-    batch_s: str,
+    batches: list[int],
     context: int,
-    prompt_s: str,
-    weight_dtype: str,
-    kv_dtype: str,
+    prompt_lens: list[int],
+    weight_dtype: str | None,
+    kv_dtype: str | None,
+    tp: int,
     lm_head: str,
     fmt: str,
 ) -> None:
     """Analytic lower bounds for decode steps and prefill passes of a model on a GPU.
 
     Decode step >= bytes per step / bandwidth; prefill >= FLOPs / peak (domain.md
-    section 3). Give --gpu NAME, or --peak-tflops and --bandwidth-tbps (which also
-    override the row's figures).
+    section 3). MoE, quantization_config, sliding windows and MLA are read from the config
+    (docs/model-accounting.md). Give --gpu NAME, or --peak-tflops and --bandwidth-tbps
+    (which also override the row's figures).
     """
-    batches = _int_list(batch_s, "--batch")
-    prompt_lens = _int_list(prompt_s, "--prompt-len")
-    if context < 0:
-        _fail(f"--context must be >= 0, got {context}")
-    weight_dtype, kv_dtype = weight_dtype.lower(), kv_dtype.lower()
+    weight_dtype = weight_dtype.lower() if weight_dtype else None
+    kv_dtype = kv_dtype.lower() if kv_dtype else None
     try:
         spec = load_model_config(model_config)
         peak = peak_from_overrides(gpu=gpu, peak_tflops=peak_tflops, bandwidth_tbps=bandwidth_tbps)
@@ -465,7 +531,9 @@ def bounds_command(
             _fail("give --gpu NAME, or both --peak-tflops and --bandwidth-tbps")
         if peak.dense_fp16_tflops is None or peak.memory_bandwidth_tbps is None:
             _fail("give both --peak-tflops and --bandwidth-tbps (or --gpu NAME)")
-        result = _bounds_result(spec, peak, batches, context, prompt_lens, weight_dtype, kv_dtype, lm_head)
+        if kv_dtype is None and spec.quantization is not None and spec.quantization.kv_dtype:
+            kv_dtype = spec.quantization.kv_dtype
+        result = _bounds_result(spec, peak, batches, context, prompt_lens, weight_dtype, kv_dtype, lm_head, tp)
     except DiagnoseError as exc:
         _fail(str(exc))
 
@@ -477,20 +545,29 @@ def bounds_command(
 
 def _print_bounds(r: dict[str, Any]) -> None:
     console = _console()
-    m, dev = r["model"], r["device"]
+    m, dev = r["model"], r["gpu"]
+    moe = m["moe"]
 
-    mt = Table(title=f"Model {m['name']}")
+    title = f"Model {m['name']}" + (f" (one of {m['tp']} tensor-parallel ranks)" if m["tp"] > 1 else "")
+    mt = Table(title=title)
     mt.add_column("quantity")
     mt.add_column("count / bytes", justify="right")
     mt.add_column("GB (1e9 B)", justify="right")
     mt.add_column("GiB (2^30 B)", justify="right")
     mt.add_row("params: attention per layer", f"{m['params_attention_per_layer']:,}", "", "")
-    mt.add_row("params: MLP per layer", f"{m['params_mlp_per_layer']:,}", "", "")
+    if moe is None:
+        mt.add_row("params: MLP per layer", f"{m['params_mlp_per_layer']:,}", "", "")
+    else:
+        mt.add_row(f"params: one expert (3 x H x {moe['moe_intermediate_size']})", f"{moe['params_expert']:,}", "", "")
+        mt.add_row(f"params: experts ({moe['moe_layers']} MoE layers x {moe['num_experts']})", f"{moe['params_experts']:,}", "", "")
     mt.add_row(f"params: {m['num_hidden_layers']} layers", f"{m['params_body']:,}", "", "")
     head = "embedding (tied head)" if m["tie_word_embeddings"] else "embedding + LM head"
     mt.add_row(f"params: {head}", f"{m['params_embedding']:,}", "", "")
     mt.add_row("params: total", f"{m['params_total']:,}", "", "")
-    mt.add_row(f"weight bytes ({m['weight_dtype']})", f"{m['weight_bytes']:,}", _gb(m["weight_bytes"]), _gib(m["weight_bytes"]))
+    mt.add_row("params: active per token (no embedding)", f"{m['params_active_per_token']:,}", "", "")
+    if m["params_mtp"]:
+        mt.add_row("params: MTP layers (not counted)", f"{m['params_mtp']:,}", "", "")
+    mt.add_row(f"weight bytes ({m['weight_format']})", f"{m['weight_bytes']:,}", _gb(m["weight_bytes"]), _gib(m["weight_bytes"]))
     mt.add_row(
         f"KV bytes per token ({m['kv_dtype']})",
         f"{m['kv_bytes_per_token']:,} ({m['kv_bytes_per_token'] / KiB:g} KiB)",
@@ -504,7 +581,7 @@ def _print_bounds(r: dict[str, Any]) -> None:
         over = f" (flags override: {', '.join(dev['overrides'])})"
     console.print(
         f"Device {dev['name']}{over}: {dev['peak_tflops']:g} TFLOP/s dense FP16/BF16, "
-        f"{dev['bandwidth_tbps']:g} TB/s; ridge point {dev['ridge_flop_per_byte']:.1f} FLOP/B. "
+        f"{dev['peak_tbps']:g} TB/s; ridge point {dev['ridge_flop_per_byte']:.1f} FLOP/B. "
         f"Source: {dev['source']}",
         soft_wrap=True,
     )
@@ -516,24 +593,18 @@ def _print_bounds(r: dict[str, Any]) -> None:
     )
 
     dt = Table(title="Decode step lower bound")
-    for col in (
-        "batch",
-        "context (tokens)",
-        "weights (GB)",
-        "KV read (GB)",
-        "bytes/step (GB)",
-        "step (ms)",
-        "throughput (tok/s)",
-        "per-token share (ms)",
-        "AI (FLOP/B)",
-        "bound",
-    ):
+    cols = ["batch", "context (tokens)", "weights (GB)"]
+    if moe is not None:
+        cols.append("experts/layer")
+    cols += ["KV read (GB)", "bytes/step (GB)", "step (ms)", "throughput (tok/s)", "per-token share (ms)",
+             "AI (FLOP/B)", "bound"]
+    for col in cols:
         dt.add_column(col, justify="right")
     for d in r["decode"]:
-        dt.add_row(
-            str(d["batch"]),
-            f"{d['context']:,}",
-            _gb(d["weight_bytes"]),
+        row = [str(d["batch"]), f"{d['context']:,}", _gb(d["weight_bytes"])]
+        if moe is not None:
+            row.append(f"{d['experts_touched_per_layer']:.2f} of {moe['num_experts']}")
+        row += [
             _gb(d["kv_read_bytes"]),
             _gb(d["bytes_per_step"]),
             f"{d['step_ms']:.2f}",
@@ -541,7 +612,8 @@ def _print_bounds(r: dict[str, Any]) -> None:
             f"{d['per_token_ms']:.2f}",
             f"{d['arithmetic_intensity']:.1f}",
             d["bound"],
-        )
+        ]
+        dt.add_row(*row)
     console.print(dt)
 
     pt = Table(title="Prefill lower bound (batch 1)")
@@ -574,3 +646,6 @@ def _print_bounds(r: dict[str, Any]) -> None:
     console.print("Conventions:")
     for key, text in r["conventions"].items():
         console.print(f"  {key}: {text}", highlight=False, soft_wrap=True)
+    console.print("Assumptions:")
+    for text in r["assumptions"]:
+        console.print(f"  - {text}", highlight=False, soft_wrap=True)

@@ -69,6 +69,24 @@ class GpuPeak:
             return None
         return self.dense_fp16_tflops / self.memory_bandwidth_tbps
 
+    def to_dict(self) -> dict[str, Any]:
+        """The one serialisation of a peak, as the JSON report's ``gpu`` object uses it.
+
+        Returns:
+            ``name``; ``peak_tflops`` (dense FP16/BF16, TFLOP/s) and ``peak_tbps`` (memory
+            bandwidth, TB/s), each None when unknown; ``ridge_flop_per_byte`` (FLOP/B or
+            None); ``source`` (the datasheet, or "command-line flags"); ``overrides`` (list
+            of the fields replaced by flags).
+        """
+        return {
+            "name": self.name,
+            "peak_tflops": self.dense_fp16_tflops,
+            "peak_tbps": self.memory_bandwidth_tbps,
+            "ridge_flop_per_byte": self.ridge_flop_per_byte,
+            "source": self.source,
+            "overrides": list(self.overrides),
+        }
+
 
 def _positive_number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0

@@ -55,7 +55,7 @@ def without_peak(tmp_path_factory):
 
 def test_results_structure(with_peak):
     data = with_peak["data"]
-    assert data["schema"] == "diagnose.bench" and data["schema_version"] == 1
+    assert data["schema"] == "diagnose.bench" and data["schema_version"] == 2
     for key in ("date", "device", "device_name", "torch_version", "config", "model", "settings", "peak", "rows"):
         assert key in data
     assert data["device"] == "cpu"
@@ -103,7 +103,9 @@ def test_analytic_numbers_match_accounting(with_peak):
 
 def test_attainment_with_peak(with_peak):
     data = with_peak["data"]
-    assert data["peak"]["dense_fp16_tflops"] == 100 and data["peak"]["memory_bandwidth_tbps"] == 1
+    # GpuPeak.to_dict(): the JSON report's gpu object; 100 / 1 FLOP/B ridge
+    assert data["peak"] == {"name": "custom", "peak_tflops": 100.0, "peak_tbps": 1.0, "ridge_flop_per_byte": 100.0,
+                            "source": "command-line flags", "overrides": ["dense_fp16_tflops", "memory_bandwidth_tbps"]}
     assert data["peak_missing"] is None
     for r in data["rows"]:
         p50_s = r["time_ms"]["p50"] / 1e3

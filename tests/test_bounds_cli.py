@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from diagnose.bounds_cli import bounds_command, kv_budget_command
+from diagnose.cli import main
 
 DATA = Path(__file__).parent / "data"
 QWEN = str(DATA / "qwen3_0_6b_config.json")
@@ -45,7 +46,8 @@ def _json(runner: CliRunner, cmd, args: list[str]) -> dict:
 
 
 def _fails(runner: CliRunner, cmd, args: list[str], needle: str) -> None:
-    res = runner.invoke(cmd, args)
+    """Through the ``diagnose`` group, as users run it: one ``error:`` line, exit 2."""
+    res = runner.invoke(main, [cmd.name, *args])
     assert res.exit_code == 2, res.output
     assert res.exception is None or isinstance(res.exception, SystemExit)
     assert "Traceback" not in res.output
@@ -139,8 +141,8 @@ def test_bounds_reference_json(runner: CliRunner, ref_config: str) -> None:
     assert m["params_mlp_per_layer"] == 135_266_304
     assert m["weight_bytes"] == 13_438_550_016
     assert m["kv_bytes_per_token"] == 131_072
-    assert out["device"]["ridge_flop_per_byte"] == 150.0
-    assert out["device"]["name"] == "custom"
+    assert out["gpu"] == {"name": "custom", "peak_tflops": 300.0, "peak_tbps": 2.0, "ridge_flop_per_byte": 150.0,
+                          "source": "command-line flags", "overrides": ["dense_fp16_tflops", "memory_bandwidth_tbps"]}
 
     assert [d["batch"] for d in out["decode"]] == [1, 8, 32, 64, 128]
     for d in out["decode"]:
@@ -174,13 +176,13 @@ def test_bounds_reference_json(runner: CliRunner, ref_config: str) -> None:
 def test_bounds_gpu_row_and_override(runner: CliRunner, ref_config: str) -> None:
     out = _json(runner, bounds_command, ["--model-config", ref_config, "--gpu", "h100-sxm", "--batch", "1",
                                          "--prompt-len", "512"])
-    dev = out["device"]
-    assert (dev["name"], dev["peak_tflops"], dev["bandwidth_tbps"]) == ("H100-SXM", 989.4, 3.35)
+    dev = out["gpu"]
+    assert (dev["name"], dev["peak_tflops"], dev["peak_tbps"]) == ("H100-SXM", 989.4, 3.35)
     assert out["decode"][0]["step_ms"] == pytest.approx(13_706_985_472 / 3.35e12 * 1e3)
     over = _json(runner, bounds_command, ["--model-config", ref_config, "--gpu", "H100-SXM",
                                           "--bandwidth-tbps", "2", "--batch", "1"])
-    assert over["device"]["bandwidth_tbps"] == 2.0
-    assert over["device"]["overrides"] == ["memory_bandwidth_tbps"]
+    assert over["gpu"]["peak_tbps"] == 2.0
+    assert over["gpu"]["overrides"] == ["memory_bandwidth_tbps"]
     assert round(over["decode"][0]["step_ms"], 2) == 6.85
 
 
@@ -224,3 +226,144 @@ def test_bounds_errors(runner: CliRunner, ref_config: str, tmp_path: Path) -> No
     _fails(runner, bounds_command, ["--model-config", ref_config, "--gpu", "L4", "--prompt-len", "0"], "--prompt-len")
     _fails(runner, bounds_command, ["--model-config", ref_config, "--peak-tflops", "-1", "--bandwidth-tbps", "2"],
            "--peak-tflops")
+
+
+# -- beyond dense bf16 (issue 14 item 1 acceptance) ----------------------------------
+# bytes_per_step is one rank's: every non-expert weight once (embedding and LM head
+# included) + per MoE layer E_touched * expert bytes, E_touched = E * (1 - (1 - k/E)^B),
+# + the KV read. Each expectation is derived by hand and must agree within 1 %.
+
+
+def _bounds(runner: CliRunner, model: str, batch: str, context: int, *extra: str) -> dict:
+    res = runner.invoke(main, ["bounds", "--model-config", model, "--gpu", "H100-SXM", "--batch", batch,
+                               "--context", str(context), "--prompt-len", "512", *extra, "--format", "json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def _within_1pct(got: float, want: float) -> None:
+    assert abs(got / want - 1) < 0.01, (got, want)
+
+
+def test_mixtral_decode_bytes(runner: CliRunner) -> None:
+    out = _bounds(runner, "mixtral-8x7b", "1,8,64", 2048)
+    assert out["model"]["params_active_per_token"] == 12_748_587_008
+    # non-expert bf16: 2 * (32 * 41,943,040 attention + 32 * 4096*8 routers + 2 * 32000 * 4096) = 3,210,739,712
+    non_expert = 2 * (32 * 41_943_040 + 32 * 32_768 + 262_144_000)
+    expert = 3 * 4096 * 14336 * 2  # 352,321,536 B, one expert of one layer
+    for row, b in zip(out["decode"], (1, 8, 64)):
+        touched = 8 * (1 - (1 - 2 / 8) ** b)  # 2, 7.199, 8.000
+        want = non_expert + 32 * touched * expert + b * 2048 * 131_072  # KV 2*32*8*128*2 B per token
+        _within_1pct(row["bytes_per_step"], want)
+        assert row["experts_touched_per_layer"] == pytest.approx(touched, rel=1e-12)
+    assert out["decode"][0]["bytes_per_step"] == 3_210_739_712 + 22_548_578_304 + 268_435_456 == 26_027_753_472
+
+
+def test_gpt_oss_20b_decode_bytes(runner: CliRunner) -> None:
+    out = _bounds(runner, "gpt-oss-20b", "1,32", 4096)
+    assert out["model"]["params_active_per_token"] == 3_607_142_400
+    non_expert = 2 * (24 * 26_542_080 + 24 * 2880 * 32 + 2 * 201_088 * 2880)  # 3,594,977,280 B bf16
+    expert = 3 * 2880 * 2880 * 4.25 / 8  # MXFP4: 13,219,200 B
+    kv_layer = 2 * 8 * 64 * 2  # 2,048 B per token and layer
+    for row, b in zip(out["decode"], (1, 32)):
+        touched = 32 * (1 - (1 - 4 / 32) ** b)  # 4, 31.554
+        # 12 full layers read 4,096 tokens, 12 sliding layers min(4096, 128)
+        want = non_expert + 24 * touched * expert + b * (12 * kv_layer * 4096 + 12 * kv_layer * 128)
+        _within_1pct(row["bytes_per_step"], want)
+        assert row["experts_touched_per_layer"] == pytest.approx(touched, rel=1e-12)
+    assert out["decode"][0]["bytes_per_step"] == 3_594_977_280 + 1_269_043_200 + 100_663_296 + 3_145_728
+
+
+def test_llama_fp8_decode_bytes(runner: CliRunner, tmp_path: Path) -> None:
+    from diagnose.accounting import read_model_config
+
+    cfg, _ = read_model_config("llama-3.1-8b")
+    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    path = tmp_path / "llama-fp8" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    # linear 32 * (41,943,040 + 176,160,768) = 6,979,321,856 at 1 B; embedding + LM head
+    # 2 * 128256 * 4096 = 1,050,673,152 at 2 B -> 9,080,668,160 B; KV 131,072 B per token (bf16)
+    weights = 6_979_321_856 + 2 * 1_050_673_152
+    out = _bounds(runner, str(path), "1", 2048)
+    _within_1pct(out["decode"][0]["bytes_per_step"], weights + 1 * 2048 * 131_072)
+    assert out["decode"][0]["bytes_per_step"] == 9_349_103_616
+    assert out["decode"][0]["experts_touched_per_layer"] is None
+    out = _bounds(runner, str(path), "32", 8192)
+    _within_1pct(out["decode"][0]["bytes_per_step"], weights + 32 * 8192 * 131_072)
+    assert out["decode"][0]["bytes_per_step"] == 43_440_406_528
+    # --weight-dtype keeps overriding: every weight bf16 again
+    over = _bounds(runner, str(path), "1", 2048, "--weight-dtype", "bf16")
+    assert over["decode"][0]["bytes_per_step"] == 2 * 8_029_995_008 + 268_435_456
+
+
+def test_llama_tp2_decode_bytes(runner: CliRunner) -> None:
+    out = _bounds(runner, "llama-3.1-8b", "8", 2048, "--tp", "2")
+    # per rank: q, o 4096*2048 each; k, v 4096*(4*128) each -> 20,971,520; MLP 3*4096*7168 =
+    # 88,080,384; 32 layers -> 3,489,660,928; vocab 64,128 rows * 4096 * 2 = 525,336,576;
+    # 4,014,997,504 params * 2 B = 8,029,995,008; KV 2*32*4*128*2 = 65,536 B per token
+    weights = 2 * (32 * (20_971_520 + 88_080_384) + 2 * 64_128 * 4096)
+    _within_1pct(out["decode"][0]["bytes_per_step"], weights + 8 * 2048 * 65_536)
+    assert out["decode"][0]["bytes_per_step"] == 8_029_995_008 + 1_073_741_824
+    assert out["model"]["tp"] == 2 and out["model"]["kv_bytes_per_token"] == 65_536
+
+
+def test_mixtral_tp2_decode_bytes(runner: CliRunner) -> None:
+    out = _bounds(runner, "mixtral-8x7b", "32", 2048, "--tp", "2")
+    # per rank non-expert: attention 32 * (2*4096*2048 + 2*4096*512) = 671,088,640; routers
+    # replicated 32 * 32,768 = 1,048,576; vocab 16,000 rows * 4096 * 2 = 131,072,000 -> * 2 B
+    non_expert = 2 * (671_088_640 + 1_048_576 + 131_072_000)  # 1,606,418,432
+    expert = 3 * 4096 * (14336 // 2) * 2  # 176,160,768 B: expert width split 2 ways
+    touched = 8 * (1 - 0.75**32)  # 7.9992
+    want = non_expert + 32 * touched * expert + 32 * 2048 * 65_536
+    _within_1pct(out["decode"][0]["bytes_per_step"], want)
+    assert out["decode"][0]["experts_touched_per_layer"] == pytest.approx(touched, rel=1e-12)
+
+
+def test_bounds_text_moe_and_assumptions(runner: CliRunner) -> None:
+    res = runner.invoke(main, ["bounds", "--model-config", "gpt-oss-20b", "--gpu", "MI300X", "--batch", "32",
+                               "--context", "1721", "--prompt-len", "1024"])
+    assert res.exit_code == 0, res.output
+    for needle in ("31.55 of 32", "active per token", "mxfp4 (4.25 bit)", "uniform, independent routing",
+                   "sliding-window layers read min(context, window)"):
+        assert needle in res.output, needle
+
+
+def test_bounds_refuses_unsupported_configs(runner: CliRunner, tmp_path: Path) -> None:
+    bad = tmp_path / "ep.json"
+    bad.write_text(json.dumps({**REF_CFG, "ep_size": 8}))
+    _fails(runner, bounds_command, ["--model-config", str(bad), "--gpu", "H100-SXM"], "'ep_size' is not supported")
+    q = tmp_path / "hqq.json"
+    q.write_text(json.dumps({**REF_CFG, "quantization_config": {"quant_method": "hqq"}}))
+    _fails(runner, bounds_command, ["--model-config", str(q), "--gpu", "H100-SXM"], "quantization_config.quant_method")
+    _fails(runner, bounds_command, ["--model-config", "llama-3.1-8b", "--gpu", "H100-SXM", "--tp", "3"],
+           "num_attention_heads (32) is not divisible by 3")
+    _fails(runner, bounds_command, ["--model-config", "llama-3.1-8b", "--gpu", "H100-SXM", "--tp", "0"], "--tp")
+
+
+def test_kv_budget_sliding_window_and_tp(runner: CliRunner) -> None:
+    out = _json(runner, kv_budget_command, ["--model-config", "gpt-oss-20b", "--seq-len", "4096"])
+    # 24 layers * 2 * 8 * 64 * 2 B = 49,152 B per token; a 4,096-token sequence holds 12 full
+    # layers * 2,048 B * 4,096 + 12 sliding layers * 2,048 B * 128 = 100,663,296 + 3,145,728
+    assert out["kv_bytes_per_token"] == 49_152
+    assert out["kv_bytes_per_sequence"] == 103_809_024
+    assert out["weight_bytes"] == 13_747_322_880  # MXFP4 experts + bf16 rest, stored
+    tp = _json(runner, kv_budget_command, ["--model-config", "llama-3.1-8b", "--seq-len", "2048", "--tp", "2"])
+    assert tp["kv_bytes_per_token"] == 65_536 and tp["kv_heads_per_rank"] == 4
+    assert tp["weight_bytes"] == 8_029_995_008
+    flags = _json(runner, kv_budget_command, ["--layers", "32", "--kv-heads", "8", "--head-dim", "128",
+                                              "--seq-len", "2048", "--tp", "16"])
+    assert flags["kv_bytes_per_token"] == 2 * 32 * 1 * 128 * 2  # 8 heads over 16 ranks: 1 (replicated)
+
+
+def test_int_list_type() -> None:
+    from diagnose.clitypes import NON_NEGATIVE_INT_LIST, POSITIVE_INT_LIST
+
+    assert POSITIVE_INT_LIST.convert(" 512, 2048 ", None, None) == [512, 2048]
+    assert POSITIVE_INT_LIST.convert((1, 8), None, None) == [1, 8]
+    assert NON_NEGATIVE_INT_LIST.convert("0,4", None, None) == [0, 4]
+    import click
+
+    for bad, needle in (("1,x", "comma-separated integers"), ("", "at least one"), ("0", ">= 1"), ("1.5", "integers")):
+        with pytest.raises(click.BadParameter, match=needle):
+            POSITIVE_INT_LIST.convert(bad, None, None)
