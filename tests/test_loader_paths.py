@@ -205,7 +205,7 @@ def test_control_trace_exact_numbers_on_every_path(monkeypatch, fork_allowed):
     path = str(shared_trace("hta/trace_diff/control.json.gz"))
 
     def check(t):
-        assert [len(getattr(t, f)) for f in FRAMES] == [9450, 24692, 40506, 288, 0]
+        assert [len(getattr(t, f)) for f in FRAMES] == [9450, 24692, 40506, 288, 0, 0]
         assert t.gpu["kind"].value_counts().to_dict() == {"kernel": 8568, "memset": 654, "memcpy": 228}
         assert int(t.gpu["start_ns"].min()) == 1661203462599325000
         assert int(t.gpu["end_ns"].max()) == 1661203463063919000
@@ -353,7 +353,7 @@ def _synthetic_buf(kineto) -> bytes:
 
 
 def _check_synthetic(t) -> None:
-    assert [len(getattr(t, f)) for f in FRAMES] == [40, 40, 40, 40, 0]
+    assert [len(getattr(t, f)) for f in FRAMES] == [40, 40, 40, 40, 0, 0]
     assert t.gpu["name"].tolist() == [f"kernel_{i}" for i in range(40)]
     assert t.gpu["correlation"].tolist() == list(range(1001, 1041))
     assert t.gpu["start_ns"].tolist() == [(100 * i + 20) * 1000 + 250 for i in range(40)]

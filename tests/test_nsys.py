@@ -359,6 +359,40 @@ def test_two_processes_with_colliding_correlation_ids(tmp_path: Path) -> None:
     assert [rt[c] for c in trace.gpu["correlation"]] == [pa, pb]
 
 
+def test_two_processes_on_one_gpu_keep_their_own_stream_7(tmp_path: Path) -> None:
+    """MPS / co-located instances: two processes on device 0, each with a stream 7. A stream
+    is (pid, device, stream): process 100's 30 ms kernel is not a "late completion" of
+    process 200's kernels, which start inside it."""
+    from diagnose.trace import load_trace
+
+    strings = {1: "cudaLaunchKernel_v7000", 2: "long_gemm", 3: "short_k"}
+    pa, pb = 100, 200
+    ms = 1_000_000
+    kernels = [(0, 30 * ms, 0, 7, 1, (1 << 48) | (pa << 24), 2, 2)]
+    kernels += [(5 * ms * (i + 1), 5 * ms * (i + 1) + 2 * ms, 0, 7, 10 + i, (1 << 48) | (pb << 24), 3, 3) for i in range(5)]
+    runtime = [(0, 1_000, gtid(pa, pa), 1, 1)] + [(5 * ms * (i + 1) - 10_000, 5 * ms * (i + 1) - 9_000, gtid(pb, pb), 10 + i, 1)
+                                                  for i in range(5)]
+    path = make_db(tmp_path / "mps.sqlite", strings=strings, kernels=kernels, runtime=runtime)
+    raw = load_nsys_sqlite(str(path))
+    assert raw.gpu["pid"].tolist() == [pa] + [pb] * 5
+    assert_contract(raw)
+    trace = load_trace(str(path))  # + normalization
+    # the union of [0, 30) ms and five 2 ms kernels inside it: 30 ms busy, nothing clipped
+    # (keyed by (device, stream) alone, the long kernel was cut at 5 ms: 25 ms removed)
+    assert "deferred_completion_clipped" not in codes(trace)
+    assert (trace.gpu["end_ns"] - trace.gpu["start_ns"]).tolist() == [30 * ms] + [2 * ms] * 5
+
+
+def test_single_process_gpu_rows_carry_its_pid(tmp_path: Path) -> None:
+    strings = {1: "cudaLaunchKernel_v7000", 2: "k"}
+    kernels = [(5_000, 6_000, 0, 7, 1, GPID, 2, 2)]
+    runtime = [(1_000, 2_000, gtid(PID, TID), 1, 1)]
+    trace = load_nsys_sqlite(str(make_db(tmp_path / "one.sqlite", strings=strings, kernels=kernels, runtime=runtime)))
+    assert trace.metadata["nsys"]["correlation"] == "correlationId"
+    assert trace.gpu["pid"].tolist() == [PID]
+    assert len(trace.overhead) == 0 and list(trace.overhead.columns) == ["name", "start_ns", "end_ns", "pid", "tid"]
+
+
 def test_driver_table_name_fallback_and_unresolved_ids(tmp_path: Path) -> None:
     strings = {1: "cudaLaunchKernel_v7000", 2: "cuLaunchKernelEx", 3: "", 4: "short_k", 5: "void full_k<1>()"}
     g = gtid(PID, TID)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["load_trace", "Trace", "DeviceInfo", "QualityIssue"]
+__all__ = ["load_trace", "split_ranks", "Trace", "DeviceInfo", "QualityIssue"]
 
 
 def __getattr__(name: str) -> Any:
@@ -16,6 +16,10 @@ def __getattr__(name: str) -> Any:
         from diagnose.trace.load import load_trace
 
         return load_trace
+    if name == "split_ranks":
+        from diagnose.trace.ranks import split_ranks
+
+        return split_ranks
     if name in ("Trace", "DeviceInfo", "QualityIssue"):
         from diagnose.trace import model
 

@@ -40,6 +40,8 @@ from diagnose.trace.model import (
     ANNOTATION_COLUMNS,
     CPU_OP_COLUMNS,
     GPU_COLUMNS,
+    OVERHEAD_COLUMNS,
+    RANK_ID_SHIFT,
     RUNTIME_COLUMNS,
     SYNC_COLUMNS,
     DeviceInfo,
@@ -108,6 +110,7 @@ class _LooseEvent(msgspec.Struct, gc=False):
 
 
 _any_dec = msgspec.json.Decoder()
+_raw_items_dec = msgspec.json.Decoder(list[msgspec.Raw])
 
 
 class _Doc(msgspec.Struct, gc=False):
@@ -121,57 +124,130 @@ _doc_dec = msgspec.json.Decoder(_Doc)
 
 
 _ARGS_FIELDS = msgspec.structs.fields(_Args)  # once: reading them per event cost ~50 us each
+_args_dec = msgspec.json.Decoder(_Args)
+
+# Events the coercion below cannot use are not dropped silently: they become a placeholder
+# complete event of one of these categories, which _group counts (quality codes bad_value
+# and out_of_range_value) and never analyses.
+_BAD_VALUE = "\x00bad_value"
+_OUT_OF_RANGE = "\x00out_of_range"
 
 
-def _coerce_args(raw: msgspec.Raw) -> _Args | None:
-    """Args of a loose event: take what can be read as the fields of :class:`_Args`."""
+def _out_of_range(e: BaseException) -> bool:
+    """msgspec's error for a JSON number beyond float64 (``1e400``) or a too-long integer."""
+    return "out of range" in str(e)
+
+
+def _coerce_args(raw: msgspec.Raw) -> _Args | None | str:
+    """Args of a loose event: take what can be read as the fields of :class:`_Args`
+    (unknown keys skipped unread); ``_OUT_OF_RANGE`` when a used field holds a number
+    beyond float64."""
     if not raw:
         return None
     try:
-        obj = _any_dec.decode(raw)
+        a = _args_dec.decode(raw)
+    except msgspec.ValidationError as e:
+        return _OUT_OF_RANGE if _out_of_range(e) else None  # else: not an object
     except (msgspec.DecodeError, UnicodeDecodeError):
-        return None
-    if not isinstance(obj, dict):
         return None
     kw: dict[str, Any] = {}
     for f in _ARGS_FIELDS:
-        v = obj.get(f.encode_name)
-        if v is None:
-            continue
-        if f.name in ("input_dims", "input_types"):
-            kw[f.name] = msgspec.Raw(msgspec.json.encode(v))
+        v = getattr(a, f.name)
+        if v is None or f.name in ("input_dims", "input_types"):
             continue
         try:
             kw[f.name] = int(float(v))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             pass
-    return _Args(**kw)
+    return _Args(device=kw.get("device"), stream=kw.get("stream"), correlation=kw.get("correlation"),
+                 external_id=kw.get("external_id"), external_id_legacy=kw.get("external_id_legacy"),
+                 bytes=kw.get("bytes"), input_dims=a.input_dims, input_types=a.input_types)
 
 
-def _coerce_event(ev: _LooseEvent) -> _Event:
-    def num(v):
-        if isinstance(v, bool):
-            return None
-        if isinstance(v, (int, float)):
-            return float(v)
+_BAD = object()  # a value that is present but not a usable number
+
+
+def _num(v: Any) -> Any:
+    """ts/dur of a loose event: float, None (absent) or _BAD (text, list, NaN, inf...)."""
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return _BAD
+    if isinstance(v, (int, float, str)):
         try:
-            return float(v)
-        except (TypeError, ValueError):
-            return None
+            f = float(v)
+        except (ValueError, OverflowError):  # "abc"; an integer beyond float64
+            return _BAD
+        return f if f - f == 0.0 else _BAD  # NaN and inf written as text
+    return _BAD
 
+
+def _counted(ph: str, cat: str) -> bool:
+    """Whether a dropped event is worth a quality note: an event the analysis reads."""
+    return ph in ("X", "B", "E") and _CAT_BUCKET.get(cat.lower()) is not None
+
+
+def _coerce_event(ev: _LooseEvent, oor: bool = False) -> _Event:
     def pt(v):
         return v if isinstance(v, (int, str)) and not isinstance(v, bool) else None
 
+    ph = ev.ph if isinstance(ev.ph, str) else str(ev.ph)
+    cat = ev.cat if isinstance(ev.cat, str) else str(ev.cat)
+    ts, dur = _num(ev.ts), _num(ev.dur)
+    args = _coerce_args(ev.args)
+    if oor or args is _OUT_OF_RANGE or ts is _BAD or dur is _BAD:
+        if _counted(ph, cat):
+            bad = _OUT_OF_RANGE if oor or args is _OUT_OF_RANGE else _BAD_VALUE
+            return _Event(ph="X", cat=bad, name="", ts=None, dur=None)
+        ts = None if ts is _BAD else ts
+        dur = None if dur is _BAD else dur
+        args = None if args is _OUT_OF_RANGE else args
     return _Event(
-        ph=ev.ph if isinstance(ev.ph, str) else str(ev.ph),
-        cat=ev.cat if isinstance(ev.cat, str) else str(ev.cat),
+        ph=ph,
+        cat=cat,
         name=ev.name if isinstance(ev.name, str) else str(ev.name),
-        ts=num(ev.ts),
-        dur=num(ev.dur),
+        ts=ts,
+        dur=dur,
         pid=pt(ev.pid),
         tid=pt(ev.tid),
-        args=_coerce_args(ev.args),
+        args=args,
     )
+
+
+class _RawEvent(msgspec.Struct, gc=False):
+    """Last resort: every field kept as raw JSON, for documents with numbers beyond float64
+    (``"ts": 1e400``), which no typed or ``Any`` decode accepts."""
+
+    ph: msgspec.Raw = msgspec.Raw()
+    cat: msgspec.Raw = msgspec.Raw()
+    name: msgspec.Raw = msgspec.Raw()
+    ts: msgspec.Raw = msgspec.Raw()
+    dur: msgspec.Raw = msgspec.Raw()
+    pid: msgspec.Raw = msgspec.Raw()
+    tid: msgspec.Raw = msgspec.Raw()
+    args: msgspec.Raw = msgspec.Raw()
+
+
+_raw_list_dec = msgspec.json.Decoder(list[_RawEvent])
+
+
+def _coerce_raw_event(ev: _RawEvent) -> _Event:
+    vals: dict[str, Any] = {}
+    oor = False
+    for f in ("ph", "cat", "name", "ts", "dur", "pid", "tid"):
+        raw = getattr(ev, f)
+        if not raw:
+            vals[f] = None
+            continue
+        try:
+            vals[f] = _any_dec.decode(raw)
+        except msgspec.ValidationError:  # the only validation an Any decode does: number range
+            vals[f] = None
+            oor = True
+    loose = _LooseEvent(ph=vals["ph"] if vals["ph"] is not None else "", cat=vals["cat"] if vals["cat"] is not None else "",
+                        name=vals["name"] if vals["name"] is not None else "", ts=vals["ts"], dur=vals["dur"],
+                        pid=vals["pid"], tid=vals["tid"], args=ev.args)
+    return _coerce_event(loose, oor)
 
 
 def _as_int(v: Any, default: int = -1) -> int:
@@ -239,7 +315,7 @@ def _split_top(path: str, buf: bytes, lenient: bool = False) -> tuple[dict[str, 
     for _attempt in range(4):
         if head[:1] == b"[":
             try:
-                msgspec.json.decode(buf)
+                _raw_items_dec.decode(buf)  # syntax only: a number beyond float64 is an event's problem
                 return {"traceEvents": msgspec.Raw(buf)}, True, buf, repairs
             except (msgspec.DecodeError, UnicodeDecodeError) as e:
                 err = e
@@ -329,15 +405,23 @@ def _decode_events(path: str, raw: msgspec.Raw | bytes, repairs: list | None = N
         return _decode_events(path, fixed, None, _repaired=True)
 
 
-# category (any case) -> bucket; everything else (python_function, flows, instants...) is skipped
+# category (any case) -> bucket; everything else (flows, instants...) is skipped.
+# Runtime/driver calls: every category Kineto emits for a backend (libkineto ActivityType
+# names: CUDA/HIP, Intel XPU, PrivateUse1 backends, MTIA) and the PyTorch 1.8/1.9 spelling;
+# they are linked to GPU work by correlation id whatever the backend.
 _CAT_BUCKET = {
     "kernel": "kernel", "gpu_memcpy": "memcpy", "memcpy": "memcpy", "gpu_memset": "memset", "memset": "memset",
     "cuda_runtime": "runtime", "runtime": "runtime", "cuda_driver": "runtime", "driver": "runtime",
+    "xpu_runtime": "runtime", "xpu_driver": "runtime", "privateuse1_runtime": "runtime",
+    "privateuse1_driver": "runtime", "mtia_runtime": "runtime",
     "cpu_op": "op", "operator": "op",
     "user_annotation": "ann_cpu", "gpu_user_annotation": "ann_gpu",
     "cuda_sync": "sync",
+    "overhead": "overhead",
+    _BAD_VALUE: "bad", _OUT_OF_RANGE: "oor",
 }
-_BUCKETS = ("kernel", "memcpy", "memset", "runtime", "op", "ann_cpu", "ann_gpu", "sync")
+_PYFUNC = "python_function"  # counted (number, total duration), never materialised
+_BUCKETS = ("kernel", "memcpy", "memset", "runtime", "op", "ann_cpu", "ann_gpu", "sync", "overhead", "pyfunc", "bad", "oor")
 
 # Strict event schema, tried first: a tagged union on "ph" decodes only complete ("X")
 # events into fields -- every other phase (flows, instants, metadata...) becomes an empty
@@ -364,15 +448,46 @@ class _StrictX(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
     cat: str = ""
     name: str = ""
     ts: float = float("nan")
-    dur: float = 0.0
+    dur: float = float("nan")  # absent: excluded and reported (missing_duration)
     pid: int | str | None = None
     tid: int | str | None = None
     args: _StrictArgs = msgspec.field(default_factory=_StrictArgs)
 
 
+# Begin/end events are rare (Kineto never writes them; some exporters do). Decoding one
+# sets this thread's flag, so that _group looks for them only in event lists that have them
+# (a scan of every event for them would cost ~3 % of a large file's load).
+_decoded = threading.local()
+
+
+class _StrictB(msgspec.Struct, gc=False, tag_field="ph", tag="B"):
+    """A duration event's begin (Trace Event Format); paired with its "E" by :func:`_pair_begin_end`."""
+
+    cat: str = ""
+    name: str = ""
+    ts: float = float("nan")
+    pid: int | str | None = None
+    tid: int | str | None = None
+    args: _StrictArgs = msgspec.field(default_factory=_StrictArgs)
+
+    def __post_init__(self) -> None:
+        _decoded.begin_end = True
+
+
+class _StrictE(msgspec.Struct, gc=False, tag_field="ph", tag="E"):
+    cat: str = ""
+    name: str = ""
+    ts: float = float("nan")
+    pid: int | str | None = None
+    tid: int | str | None = None
+
+    def __post_init__(self) -> None:
+        _decoded.begin_end = True
+
+
 _OTHER_PHASES = tuple(msgspec.defstruct(f"_Phase{i}", [], tag_field="ph", tag=ph, gc=False)
-                      for i, ph in enumerate(_PHASES) if ph != "X")  # empty: their fields are skipped
-_StrictEvent = Union[(_StrictX, *_OTHER_PHASES)]
+                      for i, ph in enumerate(_PHASES) if ph not in ("X", "B", "E"))  # empty: their fields are skipped
+_StrictEvent = Union[(_StrictX, _StrictB, _StrictE, *_OTHER_PHASES)]
 _strict_list_dec = msgspec.json.Decoder(list[_StrictEvent])
 _loose_list_dec = msgspec.json.Decoder(list[_Event])
 _any_loose_list_dec = msgspec.json.Decoder(list[_LooseEvent])
@@ -404,24 +519,96 @@ def _decode_lenient(data: bytes | msgspec.Raw) -> list[_Event]:
     try:
         return _loose_list_dec.decode(data)
     except msgspec.ValidationError:
-        return [_coerce_event(ev) for ev in _any_loose_list_dec.decode(data)]
+        pass
+    try:
+        loose = _any_loose_list_dec.decode(data)
+    except msgspec.ValidationError as e:
+        if not _out_of_range(e):
+            raise
+        return [_coerce_raw_event(ev) for ev in _raw_list_dec.decode(data)]
+    return [_coerce_event(ev) for ev in loose]
 
 
-def _group(events: list, strict: bool) -> dict[str, list]:
+def _group(events: list, strict: bool) -> tuple[dict[str, list], list]:
     """Complete ("X") events by bucket (see _CAT_BUCKET), each bucket in file order (so that
-    slicing a document never changes row order); other events are dropped."""
+    slicing a document never changes row order), and the begin/end ("B"/"E") events in file
+    order; other events are dropped."""
     out: dict[str, list] = {k: [] for k in _BUCKETS}
     lists: dict[str, list | None] = {}  # category -> its bucket's list (None: not needed)
     get = lists.get
-    xs = [e for e in events if type(e) is _StrictX] if strict else [e for e in events if e.ph == "X"]
+    if strict:
+        xs = [e for e in events if type(e) is _StrictX]
+        be = []
+        if getattr(_decoded, "begin_end", False):  # set while decoding (maybe another list: then none here)
+            _decoded.begin_end = False
+            be = [e for e in events if type(e) is _StrictB or type(e) is _StrictE]
+    else:
+        xs = [e for e in events if e.ph == "X"]
+        be = [e for e in events if e.ph == "B" or e.ph == "E"] if len(xs) < len(events) else []
     for e in xs:
         lst = get(e.cat, False)
         if lst is False:
-            k = _CAT_BUCKET.get(str(e.cat).lower())
+            low = str(e.cat).lower()
+            k = _CAT_BUCKET.get(low) or ("pyfunc" if low == _PYFUNC else None)
             lst = lists[e.cat] = out[k] if k else None
         if lst is not None:
             lst.append(e)
+    return out, be
+
+
+def _loose_args(a: Any) -> _Args | None:
+    """A strict event's args as :class:`_Args` (begin/end events travel between processes)."""
+    if a is None or type(a) is _Args:
+        return a
+    ids = [None if x == _MISSING else x for x in (a.device, a.stream, a.correlation, a.external_id, a.external_id_legacy, a.bytes)]
+    return _Args(*ids, input_dims=a.input_dims, input_types=a.input_types)
+
+
+def _be_records(be: list, strict: bool) -> list[tuple]:
+    """Begin/end events as picklable tuples (begin?, cat, name, ts µs, pid, tid, args as
+    plain values) in file order."""
+    out = []
+    for e in be:
+        begin = (type(e) is _StrictB) if strict else (e.ph == "B")
+        a = _loose_args(getattr(e, "args", None)) if begin else None
+        args = None if a is None else (a.device, a.stream, a.correlation, a.external_id, a.external_id_legacy, a.bytes,
+                                       bytes(a.input_dims) or None, bytes(a.input_types) or None)
+        ts = e.ts if e.ts is not None else _NAN
+        out.append((begin, e.cat, e.name, ts, e.pid, e.tid, args))
     return out
+
+
+def _pair_begin_end(records: list[tuple]) -> tuple[list[_Event], int]:
+    """Pair begin/end records into complete events: per (pid, tid), in time order (file order
+    on ties), each "E" closes the latest open "B" (LIFO nesting, as the Trace Event Format
+    says). The range takes the begin's category, name and args. Returns (events, number of
+    records without a partner or a usable timestamp, all dropped)."""
+    threads: dict[tuple, list[tuple]] = {}
+    unmatched = 0
+    for r in records:
+        ts = r[3]
+        if not (isinstance(ts, float) and ts - ts == 0.0):
+            unmatched += 1
+            continue
+        threads.setdefault((r[4], r[5]), []).append(r)
+    out: list[_Event] = []
+    for recs in threads.values():
+        recs.sort(key=operator.itemgetter(3))  # stable: file order on equal timestamps
+        stack: list[tuple] = []
+        for r in recs:
+            if r[0]:
+                stack.append(r)
+            elif stack:
+                b = stack.pop()
+                a = b[6]
+                args = None if a is None else _Args(
+                    device=a[0], stream=a[1], correlation=a[2], external_id=a[3], external_id_legacy=a[4], bytes=a[5],
+                    input_dims=msgspec.Raw(a[6] or b""), input_types=msgspec.Raw(a[7] or b""))
+                out.append(_Event(ph="X", cat=b[1], name=b[2], ts=b[3], dur=r[3] - b[3], pid=b[4], tid=b[5], args=args))
+            else:
+                unmatched += 1
+        unmatched += len(stack)
+    return out, unmatched
 
 
 _get_args = operator.attrgetter("args")
@@ -430,6 +617,29 @@ _get_ts = operator.attrgetter("ts")
 _get_dur = operator.attrgetter("dur")
 _get_pid = operator.attrgetter("pid")
 _get_tid = operator.attrgetter("tid")
+
+# SGLang's ProfileMerger prefixes every pid of a rank's trace with its rank label:
+# "[TP01-DP00-PP00-EP00] 83".
+_RANK_PID = re.compile(r"\[([^\[\]]{1,80})\]\s*(.*)", re.S)
+
+
+def _split_rank_pids(vals: list) -> tuple[list, list | None]:
+    """(pids without their rank label, labels or None when no pid has one)."""
+    labels = None
+    for i, v in enumerate(vals):
+        if type(v) is str and v[:1] == "[":
+            m = _RANK_PID.fullmatch(v)
+            if m is None:
+                continue
+            if labels is None:
+                labels, vals = [""] * len(vals), list(vals)
+            labels[i] = m.group(1)
+            rest = m.group(2).strip()
+            try:
+                vals[i] = int(rest)
+            except ValueError:
+                vals[i] = rest
+    return vals, labels
 
 
 def _ids(vals: list, default: int = -1) -> np.ndarray:
@@ -445,8 +655,9 @@ def _ids(vals: list, default: int = -1) -> np.ndarray:
 class _Raw:
     """Columns of one bucket's events, before the bucket's own rules (defaults, fallbacks).
 
-    ``ts`` float64 µs (NaN = missing), ``dur`` float64 µs (missing = 0), ``pid``/``tid`` the
-    values as decoded, args ids int64 with ``_MISSING`` for absent or unusable values."""
+    ``ts`` float64 µs (NaN = missing), ``dur`` float64 µs (NaN = missing), ``pid``/``tid``
+    the values as decoded (a merged file's rank label split off), args ids int64 with
+    ``_MISSING`` for absent or unusable values."""
 
     def __init__(self, evs: list, strict: bool) -> None:
         self.evs, self.strict, self.n = evs, strict, len(evs)
@@ -456,11 +667,26 @@ class _Raw:
             self.dur = np.fromiter(map(_get_dur, evs), np.float64, self.n)
         else:
             self.ts = np.array([_NAN if v is None else v for v in map(_get_ts, evs)], dtype=np.float64)
-            self.dur = np.array([0.0 if v is None else v for v in map(_get_dur, evs)], dtype=np.float64)
+            self.dur = np.array([_NAN if v is None else v for v in map(_get_dur, evs)], dtype=np.float64)
         self._args = list(map(_get_args, evs))
+        self._pids: list | None = None
+        self._labels: list | None = None
+
+    def _pid_values(self) -> list:
+        if self._pids is None:
+            vals = list(map(_get_pid, self.evs))
+            if str in set(map(type, vals)):
+                vals, self._labels = _split_rank_pids(vals)
+            self._pids = vals
+        return self._pids
 
     def pid(self, default: int = -1) -> np.ndarray:
-        return _ids(list(map(_get_pid, self.evs)), default)
+        return _ids(self._pid_values(), default)
+
+    def rank_labels(self) -> list | None:
+        """The rank label of each event ("" for none), None when no event has one."""
+        self._pid_values()
+        return self._labels
 
     def tid(self, default: int = -1) -> np.ndarray:
         return _ids(list(map(_get_tid, self.evs)), default)
@@ -505,11 +731,9 @@ MAX_DUR_US = 1e12  # ~11.6 days
 
 def _times(ts: np.ndarray, dur: np.ndarray, base_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(keep mask, start_ns, end_ns) from float µs: drops events without a usable ts (missing,
-    not finite, beyond int64 ns) or dur (negative, not finite, longer than 11 days)."""
+    not finite, beyond int64 ns) or dur (missing, negative, not finite, longer than 11 days)."""
     with np.errstate(invalid="ignore"):
-        usable = np.isfinite(ts) & (np.abs(ts) <= MAX_TS_US) & np.isfinite(dur) & (dur <= MAX_DUR_US)
-    keep = usable & ~(dur < 0)
-    dur = np.where(np.isnan(dur), 0.0, dur)
+        keep = np.isfinite(ts) & (np.abs(ts) <= MAX_TS_US) & np.isfinite(dur) & (dur <= MAX_DUR_US) & (dur >= 0)
     start = _us_to_ns(np.where(keep, ts, 0.0), base_ns)
     return keep, start, start + _dur_to_ns(np.where(keep, dur, 0.0))
 
@@ -524,12 +748,14 @@ def _gpu_columns(r: _Raw, kind: str, base_ns: int) -> tuple[dict, np.ndarray]:
             if n.startswith("__amd_rocclr_"):
                 low = n.lower()
                 kinds[i] = "memcpy" if "copy" in low else "memset" if "fill" in low else "kernel"
+    pid = r.pid(_MISSING)
     device = r.arg("device")
-    device = np.where((device == _MISSING) | (device == -2), r.pid(0), device)
+    device = np.where((device == _MISSING) | (device == -2), np.where(pid == _MISSING, 0, pid), device)
     stream = r.arg("stream")
     stream = np.where((stream == _MISSING) | (stream == -2), r.tid(0), stream)
     d = {"kind": kinds, "name": names, "device": device, "stream": stream, "start_ns": start, "end_ns": end,
-         "correlation": r.arg_or("correlation", -1), "external_id": r.external_id(), "bytes": r.arg_or("bytes", -1)}
+         "correlation": r.arg_or("correlation", -1), "external_id": r.external_id(), "bytes": r.arg_or("bytes", -1),
+         "pid": np.where(pid == _MISSING, -1, pid)}
     return d, keep
 
 
@@ -545,6 +771,9 @@ def _select(d: dict, keep: np.ndarray) -> dict:
 
 
 def _concat(parts: list[dict]) -> dict:
+    """One dict of columns from parts; a part without a rank column gets "" (no label)."""
+    if any("rank" in p for p in parts):
+        parts = [p if "rank" in p else {**p, "rank": np.full(len(p["start_ns"]), "", dtype=object)} for p in parts]
     if len(parts) == 1:
         return parts[0]
     out = {}
@@ -570,11 +799,20 @@ def load_kineto(path: str, buf: bytes | bytearray | None = None, lenient: bool =
         Trace with int64-ns frames; data-quality notes in ``trace.quality``.
 
     Raises:
-        TraceFormatError: unreadable file, corrupt gzip, invalid JSON, or JSON that is not a
-            Chrome/Kineto trace (no ``traceEvents``).
+        TraceFormatError: unreadable file, corrupt gzip, gzip that inflates implausibly
+            (see :mod:`diagnose.trace.reading`), invalid JSON, JSON nested too deeply, JSON
+            that is not a Chrome/Kineto trace (no ``traceEvents``), or no event at all.
     """
     if buf is None:
         buf, gz_cut = read_bytes_partial(path)
+    try:
+        return _load_kineto(path, buf, lenient, progress, gz_cut, workers)
+    except RecursionError:  # msgspec's nesting guard: no trace is nested thousands of levels deep
+        raise TraceFormatError(f"{path}: JSON nested too deeply to decode (thousands of levels of arrays/objects): not a profiler trace") from None
+
+
+def _load_kineto(path: str, buf: bytes | bytearray, lenient: bool, progress, gz_cut: str | None,
+                 workers: int | None) -> Trace:
     if not gz_cut and len(buf) >= CHUNKED_MIN_BYTES and buf[:64].lstrip()[:1] == b"{":
         trace = _load_chunked(path, buf, progress, workers)
         if trace is not None:
@@ -618,7 +856,8 @@ def load_kineto(path: str, buf: bytes | bytearray | None = None, lenient: bool =
 
 
 
-_TEXT = ("name", "kind", "api_kind", "scope")
+_TEXT = ("name", "kind", "api_kind", "scope", "rank")
+_COUNTERS = ("events", "dropped", "negative", "no_dur", "bad_name", "bad_value", "out_of_range", "pyfunc", "pyfunc_ns")
 
 
 class _Coded(NamedTuple):
@@ -626,26 +865,41 @@ class _Coded(NamedTuple):
     uniques: np.ndarray
 
 
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n:,} {one if n == 1 else many}"
+
+
 class _Columns:
     """Accumulates the columns of the events the analysis needs, chunk by chunk, so that the
-    decoded structs of one chunk can be dropped before the next is decoded."""
+    decoded structs of one chunk can be dropped before the next is decoded. Begin/end events
+    are kept as records and paired at :meth:`finish`, once every chunk is in (a range may
+    begin in one chunk, or one worker's share, and end in another)."""
 
     def __init__(self, base_ns: int) -> None:
         self.base_ns = base_ns
-        self.parts: dict[str, list[dict]] = {"gpu": [], "runtime": [], "op": [], "ann": [], "sync": []}
-        self.dropped = 0
-        self.negative = 0
-        self.bad_name = 0
+        self.parts: dict[str, list[dict]] = {"gpu": [], "runtime": [], "op": [], "ann": [], "sync": [], "overhead": []}
+        self.n = dict.fromkeys(_COUNTERS, 0)
+        self.pyfunc_by_rank: dict[str, list[int]] = {}  # rank label -> [count, ns] (merged files)
+        self.be: list[tuple] = []
 
-    def add(self, events: list, strict: bool = False) -> None:
+    def add(self, events: list, strict: bool = False, count: bool = True) -> None:
         """Add decoded events: ``strict`` for :data:`_StrictEvent` lists, else :class:`_Event`."""
-        buckets = _group(events, strict)
+        if count:
+            self.n["events"] += len(events)
+        buckets, be = _group(events, strict)
+        if be:
+            self.be.extend(_be_records(be, strict))
         base_ns = self.base_ns
+        self.n["bad_value"] += len(buckets.pop("bad"))
+        self.n["out_of_range"] += len(buckets.pop("oor"))
+        py = buckets.pop("pyfunc")
+        if py:
+            self._pyfunc(_Raw(py, strict))
         raws = {k: _Raw(evs, strict) for k, evs in buckets.items() if evs}
         for kind in ("kernel", "memcpy", "memset"):
             if kind in raws:
                 d, keep = _gpu_columns(raws[kind], kind, base_ns)
-                self._keep("gpu", d, keep)
+                self._keep("gpu", d, keep, raws[kind])
         r = raws.get("runtime")
         if r is not None:
             keep, start, end = r.times(base_ns)
@@ -653,13 +907,13 @@ class _Columns:
             kinds = np.array([api_kind(n) for n in distinct], dtype=object)[codes] if r.n else []
             d = {"name": r.name, "api_kind": kinds, "start_ns": start, "end_ns": end,
                  "correlation": r.arg_or("correlation", -1), "pid": r.pid(), "tid": r.tid()}
-            self._keep("runtime", d, keep)
+            self._keep("runtime", d, keep, r)
         r = raws.get("op")
         if r is not None:
             keep, start, end = r.times(base_ns)
             d = {"name": r.name, "start_ns": start, "end_ns": end, "external_id": r.external_id(), "tid": r.tid(),
                  "input_dims": r.raw_arg("input_dims"), "input_types": r.raw_arg("input_types")}
-            self._keep("op", d, keep)
+            self._keep("op", d, keep, r)
         for bucket, scope in (("ann_cpu", "cpu"), ("ann_gpu", "gpu")):
             r = raws.get(bucket)
             if r is not None:
@@ -667,17 +921,36 @@ class _Columns:
                 pids = r.pid()
                 d = {"name": r.name, "scope": [scope] * r.n, "device": pids if scope == "gpu" else np.full(r.n, -1, np.int64),
                      "start_ns": start, "end_ns": end, "pid": pids, "tid": r.tid()}
-                self._keep("ann", d, keep)
+                self._keep("ann", d, keep, r)
         r = raws.get("sync")
         if r is not None:
             keep, start, end = r.times(base_ns)
             d = {"name": r.name, "device": r.arg_or("device", 0), "stream": r.arg_or("stream", 0),
                  "start_ns": start, "end_ns": end}
-            self._keep("sync", d, keep)
+            self._keep("sync", d, keep, r)
+        r = raws.get("overhead")
+        if r is not None:
+            keep, start, end = r.times(base_ns)
+            d = {"name": r.name, "start_ns": start, "end_ns": end, "pid": r.pid(), "tid": r.tid()}
+            self._keep("overhead", d, keep, r)
         for r in raws.values():
-            self.negative += int((r.dur < 0).sum())
+            self.n["negative"] += int((r.dur < 0).sum())
+            self.n["no_dur"] += int(np.isnan(r.dur).sum())
             if "\ufffd" in "".join(r.name):
-                self.bad_name += sum("\ufffd" in n for n in r.name)
+                self.n["bad_name"] += sum("\ufffd" in n for n in r.name)
+
+    def _pyfunc(self, r: _Raw) -> None:
+        """Count python_function events and sum their durations, without building rows."""
+        keep, start, end = r.times(self.base_ns)
+        ns = np.where(keep, end - start, 0)
+        self.n["pyfunc"] += r.n
+        self.n["pyfunc_ns"] += int(ns.sum())
+        labels = r.rank_labels()
+        if labels is not None:
+            for label, dur in zip(labels, ns.tolist()):
+                c = self.pyfunc_by_rank.setdefault(label, [0, 0])
+                c[0] += 1
+                c[1] += dur
 
     def state(self) -> dict:
         """Everything accumulated, as picklable data (sent back by forked workers). Text
@@ -685,40 +958,103 @@ class _Columns:
         costs more than decoding them, and the shared values make later grouping faster."""
         parts = {k: [{c: _Coded(*factorize(v)) if c in _TEXT else v
                       for c, v in d.items()} for d in lst] for k, lst in self.parts.items()}
-        return {"parts": parts, "dropped": self.dropped, "negative": self.negative, "bad_name": self.bad_name}
+        return {"parts": parts, "n": self.n, "pyfunc_by_rank": self.pyfunc_by_rank, "be": self.be}
 
     def merge(self, state: dict) -> None:
         """Append another instance's :meth:`state` (its events come after this one's)."""
         for k, v in state["parts"].items():
             self.parts[k].extend({c: x.uniques[x.codes] if isinstance(x, _Coded) else x for c, x in d.items()}
                                  for d in v)
-        self.dropped += state["dropped"]
-        self.negative += state["negative"]
-        self.bad_name += state["bad_name"]
+        for k, v in state["n"].items():
+            self.n[k] += v
+        for label, (c, ns) in state["pyfunc_by_rank"].items():
+            acc = self.pyfunc_by_rank.setdefault(label, [0, 0])
+            acc[0] += c
+            acc[1] += ns
+        self.be.extend(state["be"])
 
-    def _keep(self, part: str, d: dict, keep: np.ndarray) -> None:
-        self.dropped += int((~keep).sum())
+    def _keep(self, part: str, d: dict, keep: np.ndarray, r: _Raw) -> None:
+        self.n["dropped"] += int((~keep).sum())
+        labels = r.rank_labels()
+        if labels is not None:
+            d["rank"] = labels
         self.parts[part].append(_select(d, keep))
 
     def finish(self, trace: Trace) -> None:
+        """Build ``trace``'s frames, counts and quality notes from everything added.
+
+        Raises:
+            TraceFormatError: the document holds no event at all.
+        """
+        n = self.n
+        if n["events"] == 0:
+            if trace.partial:
+                raise TraceFormatError(f"{trace.source_path}: no events: the file was cut before its first complete event")
+            raise TraceFormatError(f"{trace.source_path}: no events: the trace's event list is empty")
+        unmatched = 0
+        if self.be:
+            events, unmatched = _pair_begin_end(self.be)
+            self.be = []
+            self.add(events, strict=False, count=False)
         p = self.parts
-        if p["gpu"]:
-            trace.gpu = frame(GPU_COLUMNS, _concat(p["gpu"])).sort_values(["device", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
-        if p["runtime"]:
-            trace.runtime = frame(RUNTIME_COLUMNS, _concat(p["runtime"])).sort_values("start_ns", kind="stable").reset_index(drop=True)
-        if p["op"]:
-            trace.cpu_ops = frame(CPU_OP_COLUMNS, _concat(p["op"]))
-        if p["ann"]:
-            trace.annotations = frame(ANNOTATION_COLUMNS, _concat(p["ann"])).sort_values("start_ns", kind="stable").reset_index(drop=True)
-        if p["sync"]:
-            trace.gpu_syncs = frame(SYNC_COLUMNS, _concat(p["sync"]))
-        no_ts = self.dropped - self.negative
-        if self.negative:
-            trace.note("negative_duration", f"{self.negative} event(s) with a negative duration were excluded", self.negative)
+        labels = sorted({lab for lst in p.values() for d in lst if "rank" in d for lab in set(d["rank"].tolist()) if lab})
+        merged = len(labels) >= 2
+        index = {lab: i for i, lab in enumerate(labels)}
+
+        def build(part: str, columns: dict, ids: tuple[str, ...] = (), sort: Any = None):
+            if not p[part]:
+                return None
+            d = _concat(p[part])
+            rank = None
+            if merged:
+                rank = np.fromiter((index.get(x, -1) for x in d["rank"]), np.int64, len(d["rank"]))
+                for c in ids:  # never link across ranks: their ids collide
+                    x = np.asarray(d[c], dtype=np.int64)
+                    q = (rank >= 0) & (x >= 0) & (x < (1 << RANK_ID_SHIFT))
+                    d[c] = np.where(q, (rank << RANK_ID_SHIFT) | x, x)
+            df = frame(columns, d)
+            if rank is not None:
+                df["rank"] = rank
+            if sort is not None:
+                df = df.sort_values(sort, kind="stable").reset_index(drop=True)
+            return df
+
+        for attr, part, columns, ids, sort in (
+            ("gpu", "gpu", GPU_COLUMNS, ("correlation", "external_id"), ["device", "start_ns", "end_ns"]),
+            ("runtime", "runtime", RUNTIME_COLUMNS, ("correlation",), "start_ns"),
+            ("cpu_ops", "op", CPU_OP_COLUMNS, ("external_id",), None),
+            ("annotations", "ann", ANNOTATION_COLUMNS, (), "start_ns"),
+            ("gpu_syncs", "sync", SYNC_COLUMNS, (), None),
+            ("overhead", "overhead", OVERHEAD_COLUMNS, (), "start_ns"),
+        ):
+            df = build(part, columns, ids, sort)
+            if df is not None:
+                setattr(trace, attr, df)
+            elif merged:
+                setattr(trace, attr, getattr(trace, attr).assign(rank=np.empty(0, np.int64)))
+        trace.counts = {"python_function": n["pyfunc"], "python_function_ns": n["pyfunc_ns"]}
+        if merged:
+            trace.ranks = labels
+            trace._rank_counts = {lab: {"python_function": c, "python_function_ns": ns}
+                                  for lab, (c, ns) in self.pyfunc_by_rank.items() if lab}
+        no_ts = n["dropped"] - n["negative"] - n["no_dur"]
+        if n["negative"]:
+            trace.note("negative_duration", f"{n['negative']} event(s) with a negative duration were excluded", n["negative"])
         if no_ts:
             trace.note("missing_timestamp", f"{no_ts} complete event(s) without a usable 'ts' or 'dur' (missing, not a number, or implausibly large) were skipped", no_ts)
-        if self.bad_name:
-            trace.note("invalid_utf8_names", f"{self.bad_name} event name(s) contained invalid UTF-8 and were replaced", self.bad_name)
+        if n["bad_name"]:
+            trace.note("invalid_utf8_names", f"{n['bad_name']} event name(s) contained invalid UTF-8 and were replaced", n["bad_name"])
+        if n["no_dur"]:
+            trace.note("missing_duration", f"{_plural(n['no_dur'], 'complete event', 'complete events')} without a 'dur' excluded (not counted as zero-length)", n["no_dur"])
+        if n["bad_value"]:
+            trace.note("bad_value", f"{_plural(n['bad_value'], 'event', 'events')} whose 'ts' or 'dur' is not a number (text, list, NaN...) excluded", n["bad_value"])
+        if n["out_of_range"]:
+            trace.note("out_of_range_value", f"{_plural(n['out_of_range'], 'event', 'events')} holding a number beyond the float64 range (e.g. 1e400) excluded", n["out_of_range"])
+        if unmatched:
+            trace.note("unmatched_begin_end", f"{_plural(unmatched, 'begin/end (B/E) event', 'begin/end (B/E) events')} without a partner on its thread (or without a usable 'ts') dropped", unmatched)
+        if merged:
+            trace.note("ranks_merged", f"{len(labels)} ranks merged into one file ({', '.join(labels[:4])}{', ...' if len(labels) > 4 else ''}): "
+                       "analyse them one by one (diagnose.trace.split_ranks); a whole-file analysis mixes their GPUs", len(labels))
 
 
 def _base_ns(metadata: dict[str, Any]) -> int:

@@ -8,7 +8,10 @@ Column contracts (pandas DataFrames, one row per event):
 ``gpu`` — GPU activities that occupy a device (never annotations, never syncs):
     kind (str: "kernel" | "memcpy" | "memset"), name (str), device (int64), stream (int64),
     start_ns (int64), end_ns (int64, >= start_ns), correlation (int64, -1 = unknown),
-    external_id (int64, -1 = unknown), bytes (int64, -1 = unknown; memcpy/memset only).
+    external_id (int64, -1 = unknown), bytes (int64, -1 = unknown; memcpy/memset only),
+    pid (int64: the process the activity belongs to, -1 = unknown; Kineto writes the device
+    index there, nsys the launching process). A stream is identified by (pid, device,
+    stream): two processes sharing a GPU (MPS, co-located instances) each have a stream 7.
 
 ``runtime`` — host-side CUDA/HIP runtime and driver API calls:
     name (str), api_kind (str: "launch" | "graph_launch" | "memcpy" | "memset" | "sync" |
@@ -27,6 +30,21 @@ Column contracts (pandas DataFrames, one row per event):
 
 ``gpu_syncs`` — ``cuda_sync`` events shown on a GPU stream (waits, event syncs); used to
     label gaps, never busy time: name, device, stream, start_ns, end_ns.
+
+``overhead`` — profiler overhead the tracer itself recorded (Kineto ``"cat": "overhead"``:
+    CUPTI/roctracer "Activity Buffer Request", "Lazy Function Loading"...): name (str),
+    start_ns, end_ns, pid, tid (int64). Empty for nsys exports.
+
+Runtime calls are read from every Kineto runtime/driver category (``cuda_runtime``,
+``cuda_driver``, ``xpu_runtime``, ``xpu_driver``, ``privateuse1_runtime``,
+``privateuse1_driver``, ``mtia_runtime``, legacy ``Runtime``/``Driver``): one linking
+(correlation id) for every backend.
+
+Several ranks merged into one file (``Trace.ranks`` non-empty, see
+:func:`diagnose.trace.ranks.split_ranks`): every frame then has one more column, ``rank``
+(int64 index into ``Trace.ranks``, -1 for rows without a rank label), and the correlation
+and external ids of rank ``r`` are qualified as ``r << 40 | id`` so that a kernel is never
+linked to another rank's launch. :func:`~diagnose.trace.ranks.split_ranks` removes both.
 """
 from __future__ import annotations
 
@@ -37,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 NO_TIME = -(2**63)  # int64 sentinel for "no such timestamp" (times themselves may be negative)
+RANK_ID_SHIFT = 40  # a merged file's correlation/external ids of rank r: r << 40 | id (ids below 2**40)
 
 GPU_COLUMNS = {
     "kind": "object",
@@ -48,6 +67,7 @@ GPU_COLUMNS = {
     "correlation": "int64",
     "external_id": "int64",
     "bytes": "int64",
+    "pid": "int64",
 }
 RUNTIME_COLUMNS = {
     "name": "object",
@@ -83,6 +103,16 @@ SYNC_COLUMNS = {
     "start_ns": "int64",
     "end_ns": "int64",
 }
+OVERHEAD_COLUMNS = {
+    "name": "object",
+    "start_ns": "int64",
+    "end_ns": "int64",
+    "pid": "int64",
+    "tid": "int64",
+}
+#: The frames of a :class:`Trace` (attribute name -> column contract).
+FRAMES = {"gpu": GPU_COLUMNS, "runtime": RUNTIME_COLUMNS, "cpu_ops": CPU_OP_COLUMNS, "annotations": ANNOTATION_COLUMNS,
+          "gpu_syncs": SYNC_COLUMNS, "overhead": OVERHEAD_COLUMNS}
 
 
 def factorize(values: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -168,6 +198,12 @@ class Trace:
             distributedInfo, user ``add_metadata_json`` objects such as ``diagnose``).
         partial: True when the file was cut or otherwise incomplete; every number derived
             from it must be flagged partial.
+        counts: cheap counts of events that are not materialised: ``python_function``
+            (number of Kineto ``python_function`` events, i.e. with_stack tracing) and
+            ``python_function_ns`` (their summed duration, ns). Kineto only; absent keys
+            mean 0.
+        ranks: rank labels (e.g. "TP01-DP00-PP00-EP00") when several ranks were merged into
+            this one file (SGLang ProfileMerger), else empty; see the column contract above.
     """
 
     source_path: str
@@ -177,10 +213,14 @@ class Trace:
     cpu_ops: pd.DataFrame = field(default_factory=lambda: frame(CPU_OP_COLUMNS))
     annotations: pd.DataFrame = field(default_factory=lambda: frame(ANNOTATION_COLUMNS))
     gpu_syncs: pd.DataFrame = field(default_factory=lambda: frame(SYNC_COLUMNS))
+    overhead: pd.DataFrame = field(default_factory=lambda: frame(OVERHEAD_COLUMNS))
     devices: list[DeviceInfo] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     quality: list[QualityIssue] = field(default_factory=list)
     partial: bool = False
+    counts: dict[str, int] = field(default_factory=dict)
+    ranks: list[str] = field(default_factory=list)
+    _rank_counts: dict[str, dict[str, int]] = field(default_factory=dict, repr=False)  # counts per rank label
 
     def note(self, code: str, message: str, count: int | None = None) -> None:
         """Record a data-quality issue once per code (later calls with the same code are merged)."""

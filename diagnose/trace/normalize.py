@@ -5,7 +5,8 @@ timestamps are excluded or clipped, each reported in ``trace.quality``.
   a kernel with ``ts`` 0 in an epoch-based trace) is excluded, so the window is not 50 years
   long (code ``outside_trace_window``).
 * **Deferred completion** — an activity whose end runs more than 1 ms past the start of the
-  next activity on its stream (a completion timestamp recorded late) is clipped to that start;
+  next activity on its stream (a stream is one process's: (pid, device, stream), so two
+  processes sharing a GPU through MPS never clip each other) (a completion timestamp recorded late) is clipped to that start;
   the time removed is reported (``deferred_completion_clipped``). Smaller overlaps on one
   stream are real (programmatic dependent launch, PDL): kept, counted (``same_stream_overlap``),
   and busy time stays a union.
@@ -26,7 +27,7 @@ def normalize(trace: Trace) -> Trace:
     if len(g) == 0:
         return trace
     med = int(np.median(g["start_ns"].to_numpy()))
-    for attr in ("gpu", "runtime", "annotations", "gpu_syncs"):
+    for attr in ("gpu", "runtime", "annotations", "gpu_syncs", "overhead"):
         f = getattr(trace, attr)
         if len(f) == 0:
             continue
@@ -35,8 +36,13 @@ def normalize(trace: Trace) -> Trace:
             n = int(far.sum())
             setattr(trace, attr, f[~far].reset_index(drop=True))
             trace.note("outside_trace_window", f"{n} event(s) more than 24 h away from the trace's other GPU activity (e.g. ts 0) were excluded", n)
-    g = trace.gpu.sort_values(["device", "stream", "start_ns", "end_ns"], kind="stable")
-    same = (g["device"].to_numpy()[1:] == g["device"].to_numpy()[:-1]) & (g["stream"].to_numpy()[1:] == g["stream"].to_numpy()[:-1])
+    # a stream is (process, device, stream): co-located processes each have their own stream 7
+    keys = [c for c in ("rank", "pid") if c in trace.gpu.columns] + ["device", "stream"]
+    g = trace.gpu.sort_values(keys + ["start_ns", "end_ns"], kind="stable")
+    same = np.ones(max(len(g) - 1, 0), dtype=bool)
+    for c in keys:
+        v = g[c].to_numpy()
+        same &= v[1:] == v[:-1]
     start = g["start_ns"].to_numpy()
     end = g["end_ns"].to_numpy().copy()
     overlap = np.zeros(len(g), dtype=np.int64)

@@ -48,7 +48,8 @@ Either way the input is opened read-only (``file:...?mode=ro``), rows are read i
 order, ``StringIds`` are mapped to names through a vectorized id lookup table, and string
 columns stay factorized (codes into their distinct values) until the frame is built, so
 repeated names share one ``str``. The per-row ``globalPid`` is read only when several
-processes make pid-qualified correlation necessary.
+processes make pid-qualified correlation necessary; ``gpu.pid`` is then each activity's
+process, else the one process's pid (-1 when the export names none).
 """
 from __future__ import annotations
 
@@ -774,6 +775,10 @@ def _load(db: _Db, path: str) -> Trace:
         gpu = pd.concat(gpu_parts, ignore_index=True) if len(gpu_parts) > 1 else gpu_parts[0]
         gpu = _drop_negative(gpu, notes)
         gpu = gpu.sort_values(["device", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
+        if not composite and pid_known:  # one process (or none named): its pid on every row
+            pids = np.unique(np.concatenate(pid_sets))
+            if len(pids) == 1:
+                gpu["pid"] = int(pids[0])
         trace.gpu = frame(GPU_COLUMNS, {c: gpu[c] for c in GPU_COLUMNS})
     if len(runtime["name"]):
         rt = _drop_negative(_df(runtime), notes)
@@ -863,6 +868,7 @@ def _gpu_frame(d: dict[str, np.ndarray], kind: str, names: np.ndarray, composite
             "correlation": _correlation(d, composite),
             "external_id": np.full(n, -1, dtype=np.int64),
             "bytes": nbytes if nbytes is not None else np.full(n, -1, dtype=np.int64),
+            "pid": np.where(d["gpid"] >= 0, (d["gpid"] >> 24) & _MASK24, -1) if composite else np.full(n, -1, dtype=np.int64),
         }
     )
 

@@ -6,7 +6,6 @@ imported.
 """
 from __future__ import annotations
 
-import gzip
 import os
 import threading
 import zlib
@@ -58,27 +57,76 @@ def read_bytes(path: str) -> bytes:
     return data
 
 
-def _gunzip_isal(raw: bytes) -> bytes | None:
-    """Gunzip a whole, valid stream (every member) with ISA-L: one inflate call per member,
-    whose output buffer grows in place (2 GB: 2.5 s and output + input in memory, against
-    6.5 s and twice the output for ``gzip.decompress``). None when ISA-L is missing or the
-    stream is cut or corrupt (the stdlib path then says which)."""
-    if isal_zlib is None:
-        return None
-    parts: list[bytes] = []
-    rest = raw
+#: Refuse gzip data that inflates to more than this many times its compressed size. Real
+#: traces inflate 10-31x (the shared corpus: 9.9x to 30.3x; the 316 MB and 2 GB benchmark
+#: replicas 11-12x); DEFLATE's ceiling is ~1032x, which only crafted or degenerate input
+#: (a "gzip bomb": 1 MB inflating to 1 GiB) comes near. Overridable with the environment
+#: variable DIAGNOSE_MAX_INFLATE_RATIO (a number; 0 turns the check off).
+MAX_INFLATE_RATIO = 100.0
+RATIO_ENV = "DIAGNOSE_MAX_INFLATE_RATIO"
+#: Inflating up to this many bytes is always allowed, whatever the ratio (small files).
+INFLATE_FLOOR_BYTES = 64 * 2**20
+
+
+def inflate_ratio(path: str) -> float | None:
+    """The inflate ratio in force: DIAGNOSE_MAX_INFLATE_RATIO, else :data:`MAX_INFLATE_RATIO`
+    (None: no limit).
+
+    Raises:
+        TraceFormatError: DIAGNOSE_MAX_INFLATE_RATIO is set but is not a number.
+    """
+    env = os.environ.get(RATIO_ENV, "").strip()
+    if not env:
+        return MAX_INFLATE_RATIO
     try:
-        while True:
-            d = isal_zlib.decompressobj(31)
-            parts.append(d.decompress(rest))
-            if not d.eof:  # cut short
-                return None
-            rest = d.unused_data
-            if not rest or (len(rest) < 2**20 and not any(rest)):  # end, or zero padding
-                break
-    except Exception:  # noqa: BLE001 - corrupt: classified by the stdlib path
-        return None
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+        ratio = float(env)
+    except ValueError:
+        raise TraceFormatError(f"{path}: {RATIO_ENV}={env!r} is not a number (a ratio such as 200, or 0 for no limit)") from None
+    return ratio if 0 < ratio < float("inf") else None
+
+
+def inflate_limit(path: str, compressed: int) -> int | None:
+    """The most bytes gzip data of ``compressed`` bytes may inflate to (None: no limit): the
+    ratio times the compressed size, and never less than :data:`INFLATE_FLOOR_BYTES`."""
+    ratio = inflate_ratio(path)
+    return None if ratio is None else max(INFLATE_FLOOR_BYTES, int(ratio * compressed))
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _inflate(raw: bytes, decompressobj, limit: int | None) -> tuple[list[bytes], bool]:
+    """Inflate every gzip member of ``raw`` (trailing zero padding ignored), never producing
+    more than ``limit`` bytes: (pieces, cut short?). One call per member, whose output buffer
+    grows in place (ISA-L, 2 GB: 2.5 s and output + input in memory).
+
+    Raises:
+        _TooLarge: more than ``limit`` bytes would come out.
+        Exception: the decompressor's error for corrupt data.
+    """
+    parts: list[bytes] = []
+    total = 0
+    rest = raw
+    while True:
+        d = decompressobj(31)
+        out = d.decompress(rest, 0 if limit is None else limit - total + 1)
+        parts.append(out)
+        total += len(out)
+        if limit is not None and total > limit:
+            raise _TooLarge(total)
+        if not d.eof:  # the input ran out inside the member
+            return parts, True
+        rest = d.unused_data
+        if not rest or (len(rest) < 2**20 and not any(rest)):  # end, or zero padding
+            return parts, False
+
+
+def _too_large(path: str, compressed: int, limit: int) -> TraceFormatError:
+    return TraceFormatError(
+        f"{path}: gzip data inflates to more than {limit / 1e6:,.0f} MB from {compressed / 1e6:,.1f} MB "
+        f"(over {inflate_ratio(path):g}x; real traces inflate 10-30x): refused as a likely decompression bomb; "
+        f"to load it anyway set {RATIO_ENV} to a higher ratio (0: no limit)")
 
 
 def read_bytes_partial(path: str) -> tuple[bytes, str | None]:
@@ -86,7 +134,8 @@ def read_bytes_partial(path: str) -> tuple[bytes, str | None]:
     description of the cut (None when the file is whole).
 
     Raises:
-        TraceFormatError: missing/unreadable file, or gzip data that is corrupt (not just cut).
+        TraceFormatError: missing/unreadable file, gzip data that is corrupt (not just cut),
+            or that inflates beyond :func:`inflate_limit` (a decompression bomb).
     """
     try:
         with open(path, "rb") as f:
@@ -99,22 +148,29 @@ def read_bytes_partial(path: str) -> tuple[bytes, str | None]:
         raise TraceFormatError(f"{path}: cannot read ({e.strerror})") from None
     if raw[:2] != b"\x1f\x8b":
         return raw, None
-    out = _gunzip_isal(raw)
-    if out is not None:
-        return out, None
-    try:
-        return gzip.decompress(raw), None
-    except EOFError:
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    limit = inflate_limit(path, len(raw))
+    if isal_zlib is not None:  # fast path; a cut or corrupt stream is classified by zlib below
         try:
-            out = d.decompress(raw)
-        except zlib.error as e:
-            raise TraceFormatError(f"{path}: corrupt gzip data ({e})") from None
-        if not out:
-            raise TraceFormatError(f"{path}: gzip stream cut before any data") from None
-        return out, f"gzip stream cut short after {len(raw):,} compressed bytes ({len(out):,} bytes recovered)"
-    except (OSError, zlib.error) as e:
+            parts, cut = _inflate(raw, isal_zlib.decompressobj, limit)
+            if not cut:
+                return parts[0] if len(parts) == 1 else b"".join(parts), None
+        except _TooLarge:
+            raise _too_large(path, len(raw), limit) from None
+        except Exception:  # noqa: BLE001 - corrupt: classified below
+            pass
+        parts = []
+    try:
+        parts, cut = _inflate(raw, zlib.decompressobj, limit)
+    except _TooLarge:
+        raise _too_large(path, len(raw), limit) from None
+    except zlib.error as e:
         raise TraceFormatError(f"{path}: corrupt gzip data ({e})") from None
+    out = parts[0] if len(parts) == 1 else b"".join(parts)
+    if not cut:
+        return out, None
+    if not out:
+        raise TraceFormatError(f"{path}: gzip stream cut before any data") from None
+    return out, f"gzip stream cut short after {len(raw):,} compressed bytes ({len(out):,} bytes recovered)"
 
 
 class Prefetch:
