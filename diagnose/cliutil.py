@@ -1,7 +1,8 @@
 """Shared command-line plumbing: one error policy for every command.
 
 Exit status: 2 for unusable input or arguments (one ``error: ...`` line on stderr, never a
-traceback); 3 for an internal error (one line; ``DIAGNOSE_DEBUG=1`` re-raises it).
+traceback); 3 for an internal error (one line; ``DIAGNOSE_DEBUG=1`` re-raises it); 130 when
+interrupted (Ctrl-C: one ``interrupted`` line).
 """
 from __future__ import annotations
 
@@ -76,9 +77,15 @@ class OneLineGroup(click.Group):
         except click.ClickException as e:
             click.echo(f"error: {' '.join(e.format_message().split())}", err=True)
             sys.exit(e.exit_code)
-        except click.exceptions.Abort:
+        except click.exceptions.Abort as e:
+            if isinstance(e.__context__, KeyboardInterrupt):  # Ctrl-C: the shell convention, 128 + SIGINT
+                click.echo("interrupted", err=True)
+                sys.exit(130)
             click.echo("aborted", err=True)
             sys.exit(1)
+        except KeyboardInterrupt:  # raised outside click's own handling (e.g. while it parses)
+            click.echo("interrupted", err=True)
+            sys.exit(130)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
