@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from conftest import shared_trace
 from diagnose.errors import DiagnoseError
-from diagnose.fuzzing import mutant
+from diagnose.fuzzing import mutant, mutant2, mutate_issue15
 from diagnose.pipeline import run_analysis
 
 SEEDS = ["tracelens/torch_compile_triton/trace.json.gz", "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"]
@@ -60,6 +60,30 @@ def test_long_run_findings_stay_fixed():
     spec = importlib.util.spec_from_file_location("fuzz_loaders", ROOT / "benchmarks" / "fuzz_loaders.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    outcomes = [mod.one(s)[0] for s in FOUND_SEEDS]
+    outcomes = [mod.one(s, generator=1)[0] for s in FOUND_SEEDS]
     assert "BUG" not in outcomes
     assert outcomes.count("ok") == 13 and outcomes.count("diagnose_error") == 4
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), which=st.integers(0, len(SEEDS) - 1))
+def test_no_exception_escapes_issue15_inputs(seeds, tmp_path, seed, which):
+    """mutant2: begin/end pairs, other backends, merged ranks, 1e400, bad durations, deep
+    nesting, empty lists... load, split into ranks and analyse, or one DiagnoseError."""
+    from diagnose.analyzers import analyze
+    from diagnose.trace import load_trace, split_ranks
+
+    doc, raw = seeds[which]
+    rng = random.Random(seed)
+    data = mutate_issue15(doc, rng) if seed % 2 else mutant2(doc, raw, rng)
+    p = tmp_path / f"m{seed}.json"
+    p.write_bytes(data)
+    try:
+        trace = load_trace(str(p))
+    except DiagnoseError:
+        return
+    for _label, part in split_ranks(trace):
+        d = analyze(part).to_dict()
+        for ph in d["phases"]:
+            for k in ("gpu_idle_share", "launch_gap_share", "attention_share"):
+                assert ph[k] is None or 0.0 <= ph[k] <= 1.0, (seed, k, ph[k])
