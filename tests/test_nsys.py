@@ -183,6 +183,7 @@ def test_real_export_matches_sql(name: str, reader: str) -> None:
     sql_cp, sql_cp_bytes = con.execute("SELECT count(*), sum(bytes) FROM CUPTI_ACTIVITY_KIND_MEMCPY").fetchone()
     sql_ms = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMSET").fetchone()[0]
     sql_nvtx = con.execute("SELECT count(*) FROM NVTX_EVENTS WHERE end IS NOT NULL AND eventType IN (59, 60)").fetchone()[0]
+    sql_ov, sql_ov_ns = con.execute("SELECT count(*), sum(end - start) FROM PROFILER_OVERHEAD").fetchone()
     con.close()
 
     assert trace.source_format == "nsys-sqlite"
@@ -197,6 +198,10 @@ def test_real_export_matches_sql(name: str, reader: str) -> None:
     assert len(trace.runtime) == sql_rt == n_runtime
     assert len(trace.annotations) == sql_nvtx == n_nvtx
     assert (k["name"] != "").all()
+    # nsys's own overhead (PROFILER_OVERHEAD: CUPTI buffer flushes, TLS allocation...)
+    assert len(trace.overhead) == sql_ov == {"64ee035": 24, "ee4fcf3": 102}[name]
+    assert int((trace.overhead["end_ns"] - trace.overhead["start_ns"]).sum()) == sql_ov_ns
+    assert "CUPTI Buffer flush" in set(trace.overhead["name"])
     # gpu frame sorted by (device, start)
     assert (np.diff(trace.gpu["start_ns"].to_numpy()) >= 0).all()
 
@@ -521,7 +526,7 @@ def sha(path: Path) -> str:
 
 def assert_same_trace(a, b) -> None:
     """Same frames (values, dtypes, order, index), metadata (but the reader), notes, devices."""
-    for name in ("gpu", "runtime", "annotations", "gpu_syncs", "cpu_ops"):
+    for name in ("gpu", "runtime", "annotations", "gpu_syncs", "cpu_ops", "overhead"):
         pd.testing.assert_frame_equal(getattr(a, name), getattr(b, name), check_exact=True)
     ma, mb = dict(a.metadata["nsys"]), dict(b.metadata["nsys"])
     for m in (ma, mb):

@@ -33,7 +33,8 @@ Column contracts (pandas DataFrames, one row per event):
 
 ``overhead`` — profiler overhead the tracer itself recorded (Kineto ``"cat": "overhead"``:
     CUPTI/roctracer "Activity Buffer Request", "Lazy Function Loading"...): name (str),
-    start_ns, end_ns, pid, tid (int64). Empty for nsys exports.
+    start_ns, end_ns, pid, tid (int64). nsys: its ``PROFILER_OVERHEAD`` table ("CUPTI Buffer
+    flush", "CUPTI Instrumentation", ...).
 
 Runtime calls are read from every Kineto runtime/driver category (``cuda_runtime``,
 ``cuda_driver``, ``xpu_runtime``, ``xpu_driver``, ``privateuse1_runtime``,

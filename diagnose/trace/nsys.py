@@ -19,6 +19,7 @@ with ``PRAGMA table_info`` first, so older or newer schemas degrade instead of f
   correlation id when there is one, else from ``syncType``; stream -1 for context syncs).
 * ``NVTX_EVENTS*`` push/pop (eventType 59) and start/end (60) ranges -> ``annotations``
   (scope "cpu", device -1); marks (34) and other NVTX records are skipped.
+* ``PROFILER_OVERHEAD`` (CUPTI buffer flushes, instrumentation...) -> ``overhead``.
 * ``TARGET_INFO_GPU`` -> ``devices``; ``META_DATA_EXPORT``, ``META_DATA_CAPTURE``,
   ``TARGET_INFO_CUDA_DEVICE`` (3.17+) and ``TARGET_INFO_SESSION_START_TIME`` -> ``metadata["nsys"]``.
 
@@ -72,6 +73,7 @@ from diagnose.trace.apis import api_kind
 from diagnose.trace.model import (
     ANNOTATION_COLUMNS,
     GPU_COLUMNS,
+    OVERHEAD_COLUMNS,
     RUNTIME_COLUMNS,
     SYNC_COLUMNS,
     DeviceInfo,
@@ -88,6 +90,7 @@ GRAPH_TABLE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 DRIVER_TABLE = "CUPTI_ACTIVITY_KIND_DRIVER"
 SYNC_TABLE = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
+OVERHEAD_TABLE = "PROFILER_OVERHEAD"
 GPU_INFO_TABLE = "TARGET_INFO_GPU"
 NVTX_PREFIX = "NVTX_EVENTS"
 
@@ -790,6 +793,9 @@ def _load(db: _Db, path: str) -> Trace:
         trace.gpu_syncs = frame(SYNC_COLUMNS, {c: syncs[c] for c in SYNC_COLUMNS})
 
     _annotations(db, nvtx_tables, trace, notes)
+    overhead = _overhead(db, notes)
+    if overhead is not None and len(overhead):
+        trace.overhead = frame(OVERHEAD_COLUMNS, {c: overhead[c] for c in OVERHEAD_COLUMNS})
     trace.devices = _devices(db)
 
     if len(trace.gpu) and trace.devices:
@@ -950,6 +956,22 @@ def _memsets(db: _Db, notes: _Notes, composite: bool) -> pd.DataFrame | None:
     mem = _mem_kinds(db)
     names = _combo_names(d["memKind"], lambda k: "Memset" if k < 0 else f"Memset ({mem.get(k, 'Unknown')})")
     return _gpu_frame(d, "memset", names, composite, d["bytes"])
+
+
+def _overhead(db: _Db, notes: _Notes) -> pd.DataFrame | None:
+    """``PROFILER_OVERHEAD`` (nsys's own cost: CUPTI buffer flushes, instrumentation, ...)
+    -> the ``overhead`` frame, like Kineto's ``"cat": "overhead"`` events."""
+    if not db.has(OVERHEAD_TABLE):
+        return None
+    d = db.read(OVERHEAD_TABLE, {**_TIME_COLS, "nameId": (("nameId",), -1), "gtid": (("globalTid",), 0)}, _ACTIVITY_WHERE)
+    names = db.strings(d["nameId"]).take(d["nameId"])
+    missing = np.equal(names, None)
+    notes.unresolved += int(missing.sum())
+    names[missing] = ""
+    gtid = d["gtid"]
+    df = _drop_negative(_df({"name": names, "start_ns": d["start"], "end_ns": d["end"],
+                             "pid": (gtid >> 24) & _MASK24, "tid": gtid & _MASK24}), notes)
+    return df.sort_values("start_ns", kind="stable").reset_index(drop=True)
 
 
 def _runtime(db: _Db, notes: _Notes) -> dict[str, np.ndarray]:
