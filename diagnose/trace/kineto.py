@@ -10,7 +10,21 @@ Handled variations (see ``../shared/traces/MANIFEST.md``):
   file (before or after ``traceEvents``): absolute ns = base + round(ts * 1000), computed
   exactly from the integer and fractional parts (no float rounding of the base);
 * ROCm traces (``hip*`` runtime names under ``cuda_runtime``), no ``deviceProperties``, no
-  metadata events, no CPU ops, no kernels; a legacy top-level JSON list of events.
+  metadata events, no CPU ops, no kernels; a legacy top-level JSON list of events;
+* other backends' host calls: ``xpu_runtime``/``xpu_driver`` (Intel XPU),
+  ``privateuse1_runtime``/``privateuse1_driver``, ``mtia_runtime``, read and linked like CUDA's;
+* duration events written as ``B``/``E`` pairs: paired per (pid, tid), LIFO, into ranges
+  (markers, annotations and ops alike); an unpaired one is dropped (``unmatched_begin_end``);
+* several ranks merged into one file (SGLang ProfileMerger: pids ``"[TP01-DP00-PP00-EP00] 83"``):
+  ``Trace.ranks``, a ``rank`` column, ids qualified per rank (``ranks_merged``; see
+  :mod:`diagnose.trace.ranks`);
+* complete events without ``dur`` (``missing_duration``), with a ``ts``/``dur`` that is not a
+  number (``bad_value``) or with a number beyond float64 such as ``1e400``
+  (``out_of_range_value``): excluded and counted, the rest of the file is analysed;
+* profiler ``overhead`` events kept (``Trace.overhead``); ``python_function`` events counted
+  (``Trace.counts``), never materialised;
+* refused in one line: an empty event list, JSON nested thousands of levels deep, and (in
+  :mod:`diagnose.trace.reading`) gzip data that inflates implausibly.
 
 Decoding uses msgspec typed structs with ``args`` kept as raw bytes, so argument objects
 of events the analysis does not need (``python_function``, instant events, flows...) are
@@ -1051,7 +1065,7 @@ class _Columns:
         if n["out_of_range"]:
             trace.note("out_of_range_value", f"{_plural(n['out_of_range'], 'event', 'events')} holding a number beyond the float64 range (e.g. 1e400) excluded", n["out_of_range"])
         if unmatched:
-            trace.note("unmatched_begin_end", f"{_plural(unmatched, 'begin/end (B/E) event', 'begin/end (B/E) events')} without a partner on its thread (or without a usable 'ts') dropped", unmatched)
+            trace.note("unmatched_begin_end", f"{_plural(unmatched, 'begin/end (B/E) event', 'begin/end (B/E) events')} dropped: no partner on the same pid/tid, or no usable 'ts'", unmatched)
         if merged:
             trace.note("ranks_merged", f"{len(labels)} ranks merged into one file ({', '.join(labels[:4])}{', ...' if len(labels) > 4 else ''}): "
                        "analyse them one by one (diagnose.trace.split_ranks); a whole-file analysis mixes their GPUs", len(labels))
