@@ -170,7 +170,9 @@ def test_parity_with_phase_attainment_when_present(kineto, tmp_path) -> None:
     from diagnose.accounting import ModelSpec
 
     spec = ModelSpec(32, 4096, 32, 8, 128, 11008, 128000)  # domain.md reference config
-    steps = pd.DataFrame({"wall_ns": [10_000_000, 12_000_000], "shape_ops": [0, 0], "shape_flops": [0, 0],
+    # the analysis times a phase by its steps' wall or own (GPU span) time: both 10 + 12 ms here
+    steps = pd.DataFrame({"wall_ns": [10_000_000, 12_000_000], "own_ns": [10_000_000, 12_000_000],
+                          "shape_ops": [0, 0], "shape_flops": [0, 0],
                           "shape_bytes": [0, 0], "batch": [8, 8], "tokens": [8, 8], "kv_tokens": [8 * 2048, 8 * 2049],
                           "context": [2048, 2049]})
     peak = gpu_by_name("H100-SXM")
