@@ -525,12 +525,12 @@ def test_ctrl_c_exits_130():
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_ctrl_c_of_a_real_run_exits_130(tmp_path):
+    # the user presses Ctrl-C while the trace is being decoded
     code = ("import signal, os, threading\n"
+            "import diagnose.trace.kineto as k\n"
+            "def slow(*a, **kw):\n    os.kill(os.getpid(), signal.SIGINT)\n    threading.Event().wait(30)\n"
+            "k.load_kineto = slow\n"
             "from diagnose.cli import main\n"
-            "import diagnose.pipeline as p\n"
-            "def slow(*a, **k):\n    os.kill(os.getpid(), signal.SIGINT)\n    threading.Event().wait(30)\n"
-            "p.run_analysis = slow\n"
-            "import diagnose.cli as c\nc.run_analysis = slow\n"
             "main(['run', '--trace', __import__('sys').argv[1]])\n")
     trace = tmp_path / "t.json"
     trace.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1}]}')
