@@ -39,7 +39,7 @@ __all__ = [
     "timeline_figure", "prepare_timeline", "TimelineData", "figure_drawn_elements", "parse_relayout",
     "categories_figure", "roofline_figure", "phases_table_data", "kv_budget_data", "compare_view",
     "kernels_table_data", "attention_rows", "banner_data", "symptom_cards_data", "not_evaluated_data",
-    "key_numbers", "expected_text", "fmt_value", "phases_for_device", "report_devices", "safe_id",
+    "key_numbers", "expected_text", "fmt_value", "waits_data", "kernel_table_rows", "phases_for_device", "report_devices", "safe_id",
     "REFERENCE_7B", "CATEGORY_COLORS", "PHASE_COLORS", "NA",
 ]
 
@@ -502,31 +502,64 @@ def sorted_symptoms(report: Mapping) -> list[dict]:
 
 
 def banner_data(report: Mapping) -> dict:
-    """Worst-severity banner.
+    """The banner: worst severity and the report's headline (the one verdict it leads with).
 
     Returns:
         {"severity": critical|high|medium|low|info|none|unknown, "color", "title", "text",
-        "count"}: "none" when the rules ran and nothing fired, "unknown" when the report has
-        no ``symptoms`` key (rules not run).
+        "caveat", "count"}: "none" when the rules ran and nothing fired, "unknown" when the
+        report has no ``symptoms`` key (rules not run).
     """
     syms = report.get("symptoms")
     not_eval = report.get("not_evaluated") or []
+    h = report.get("headline") or {}
     if syms is None:
         err = report.get("verdicts_error")
-        return {"severity": "unknown", "color": SEVERITY_COLORS["unknown"], "count": 0,
+        return {"severity": "unknown", "color": SEVERITY_COLORS["unknown"], "count": 0, "caveat": None,
                 "title": "No symptom verdict: symptom rules were not run for this report",
                 "text": "The numbers below are measured; the rule engine (S1-S7, domain.md §7) did not produce "
                         "'symptoms' for this report" + (f": {err}." if err else ".")}
     if not syms:
         ne = f"; {len(not_eval)} rule(s) not evaluated (missing inputs, see below)" if not_eval else ""
-        return {"severity": "none", "color": SEVERITY_COLORS["none"], "count": 0,
-                "title": "No symptom fired", "text": f"No symptom rule fired on this trace{ne}."}
+        return {"severity": "none", "color": SEVERITY_COLORS["none"], "count": 0, "caveat": None,
+                "title": "No symptom fired", "text": (h.get("text") + ". " if h.get("text") else "") + f"No symptom rule fired on this trace{ne}."}
     ss = sorted_symptoms(report)
     worst = (ss[0].get("severity") or "info").lower()
+    text = h.get("text") or " — ".join(x for x in (f"{ss[0].get('symptom') or ''} {ss[0].get('title') or ''}".strip(),
+                                                   ss[0].get("summary") or ss[0].get("id") or "") if x)
     return {"severity": worst, "color": SEVERITY_COLORS.get(worst, SEVERITY_COLORS["unknown"]), "count": len(ss),
-            "title": f"{worst.upper()}: {len(ss)} symptom{'s' if len(ss) != 1 else ''} fired",
-            "text": "Worst: " + " — ".join(x for x in (f"{ss[0].get('symptom') or ''} {ss[0].get('title') or ''}".strip(),
-                                                         ss[0].get("summary") or ss[0].get("id") or "") if x)}
+            "title": f"{worst.upper()}: {len(ss)} symptom{'s' if len(ss) != 1 else ''} fired", "text": text,
+            "caveat": h.get("caveat")}
+
+
+def waits_data(report: Mapping, device: int | None = None) -> dict:
+    """Where the GPU waited on ``device``: idle ms by cause and the longest gaps.
+
+    Returns:
+        {"idle_ms", "by_cause_text", "rows": [{start_text, ms_text, cause, host_call, next}]}.
+    """
+    from diagnose.vocab import GAP_CAUSE_LABELS
+
+    a = phases_for_device(report, device).get("all") or {}
+    by = a.get("idle_by_cause_ms") or {}
+    rows = [{"start_text": fmt_value(g.get("start_ms"), "ms"), "ms_text": fmt_value(g.get("ms"), "ms"), "cause": g.get("cause") or "",
+             "host_call": g.get("host_call") or "—", "next": str(g.get("next") or "")[:100]}
+            for g in (a.get("gaps") or {}).get("longest") or []]
+    text = "; ".join(f"{c} {fmt_value(v, 'ms')} ({GAP_CAUSE_LABELS.get(c, c)})" for c, v in sorted(by.items(), key=lambda kv: -kv[1]))
+    return {"idle_ms": sum(by.values()) if by else None, "by_cause_text": text, "rows": rows}
+
+
+def kernel_table_rows(report: Mapping, limit: int = 20) -> list[dict]:
+    """Display rows of the report's ``kernel_table`` (which kernel to tune)."""
+    out = []
+    for r in (report.get("kernel_table") or [])[:limit]:
+        shares = [x for x in (r.get("peak_tflops_share"), r.get("peak_tbps_share")) if x is not None]
+        out.append({"phase": r.get("phase") or "", "op": r.get("op") or "—", "input_dims": str(r.get("input_dims") or "")[:60],
+                    "kernel": str(r.get("kernel") or "")[:80], "calls": r.get("calls"),
+                    "total": fmt_value(r.get("total_ms"), "ms"), "share": fmt_value(r.get("kernel_time_share"), "share"),
+                    "tflops": fmt_value(r.get("achieved_tflops")), "tbps": fmt_value(r.get("achieved_tbps")),
+                    "peak": fmt_value(max(shares), "share") if shares else NA,
+                    "bound": r.get("bound") or ("shapes unknown" if r.get("shapes_unknown") else NA)})
+    return out
 
 
 def _finding_text(name: str, v: Any) -> str:

@@ -37,7 +37,7 @@ import pandas as pd
 from dash import Input, Output, State, dcc, html
 
 from diagnose.app import figures as F
-from diagnose.app.timeline import TimelineData, parse_relayout, prepare_timeline, timeline_figure
+from diagnose.app.timeline import TimelineData, host_lane, parse_relayout, prepare_timeline, timeline_figure
 
 #: Inputs larger than this get a progress bar on stderr while they are analysed.
 PROGRESS_THRESHOLD_BYTES = 100 * 1024 * 1024
@@ -84,6 +84,7 @@ table.dg-table th { background: #f5f5f5; }
 .dg-verdict-regression { background: #c62828; }
 .dg-verdict-ok { background: #2e7d32; }
 .dg-verdict-inconclusive { background: #616161; }
+.dg-caveat { font-size: 0.9em; opacity: 0.9; margin-top: 0.3em; }
 """
 
 
@@ -99,13 +100,15 @@ class TraceEntry:
     path: str
     report: dict
     activities: pd.DataFrame | None = None
+    host: pd.DataFrame | None = None
+    host_index: Any = None
     _timeline: TimelineData | None = field(default=None, repr=False)
     _kernels: list | None = field(default=None, repr=False)
 
     @property
     def timeline(self) -> TimelineData:
         if self._timeline is None:
-            self._timeline = prepare_timeline(self.activities, self.report)
+            self._timeline = prepare_timeline(self.activities, self.report, self.host, self.host_index)
         return self._timeline
 
     @property
@@ -180,13 +183,16 @@ def build_state(paths: Sequence[str], analyses: Sequence | None = None, *, verdi
     entries = []
     for i, (p, a) in enumerate(zip(paths, analyses)):
         label = names[i] if names.count(names[i]) == 1 else f"{names[i]} [{i + 1}]"
+        hx = None
         if isinstance(a, Mapping):
-            report, acts = dict(a), None
+            report, acts, host = dict(a), None, None
         else:
             report, acts = a.to_dict(), getattr(a, "activities", None)
+            host = host_lane(getattr(a, "trace", None), report)
+            hx = getattr(a, "host_index", None)
         if verdicts:
             ensure_verdicts(report, ruleset)
-        entries.append(TraceEntry(key=str(i), label=label, path=p, report=report, activities=acts))
+        entries.append(TraceEntry(key=str(i), label=label, path=p, report=report, activities=acts, host=host, host_index=hx))
     if not entries:
         raise ValueError("create_app needs at least one trace")
     return AppState(entries, ruleset)
@@ -222,12 +228,14 @@ def overview_page(entry: TraceEntry) -> html.Div:
     r = entry.report
     b = F.banner_data(r)
     parts: list[Any] = [
-        html.Div([html.H2(b["title"]), html.Div(b["text"])], id="overview-banner", className="dg-banner",
+        html.Div([html.H2(b["title"]), html.Div(b["text"], id="headline")] + ([html.Div(b["caveat"], className="dg-caveat")]
+                 if b.get("caveat") else []), id="overview-banner", className="dg-banner",
                  style={"background": b["color"]}, **{"data-severity": b["severity"]}),
         html.Div([html.Div([html.Div(F.fmt_value(k["value"], k["unit"]), className="v"), html.Div(k["label"], className="l")],
                            className="dg-num", id=f"num-{k['id']}") for k in F.key_numbers(r)],
                  className="dg-cards", id="key-numbers"),
     ]
+    parts.extend(waits_section(r))
     cards = F.symptom_cards_data(r)
     parts.append(html.H2("Symptoms"))
     if cards:
@@ -282,6 +290,22 @@ def symptom_card(c: dict) -> html.Div:
                     style={"borderLeftColor": c["color"]})
 
 
+def waits_section(report: Mapping) -> list[Any]:
+    """Where the GPU waited: idle time by cause and the longest gaps with what the host was
+    doing (per device, the ``all`` phase)."""
+    out: list[Any] = []
+    for d in F.report_devices(report):
+        w = F.waits_data(report, d)
+        if not w["rows"]:
+            continue
+        out.append(html.H3(f"Where the GPU waited (GPU {d}): idle {F.fmt_value(w['idle_ms'], 'ms')}"))
+        out.append(html.P(w["by_cause_text"], className="dg-muted"))
+        out.append(_table(["start (ms from trace start)", "idle", "cause", "the host was in", "next on the GPU"],
+                          [[r["start_text"], r["ms_text"], r["cause"], r["host_call"], r["next"]] for r in w["rows"]],
+                          id=f"longest-gaps-{d}"))
+    return out
+
+
 def phases_page(entry: TraceEntry) -> html.Div:
     """Prefill vs decode table (domain.md §1) and launch-gap statistics, per device."""
     r = entry.report
@@ -324,9 +348,10 @@ def timeline_page(entry: TraceEntry, max_points: int = 20000) -> html.Div:
     return html.Div([
         html.H2("GPU timeline"),
         html.P("One row per device:stream; the idle row shows gaps on the device (all streams merged): red = launch "
-               "gap (the GPU waited for the host), grey = other idle. The top row shows steps coloured by phase. "
-               "Drag to zoom: the zoomed range is re-rendered in full detail; double-click to reset.",
-               className="dg-muted"),
+               "gap (the GPU waited for the host), grey = other idle. The top row shows steps coloured by phase; the "
+               "host row what the host was doing: step markers, and runtime calls of 20 µs or more (blocking calls "
+               "in red), so a gap lines up with the call it waited on. Drag to zoom: the zoomed range is re-rendered "
+               "in full detail; double-click to reset.", className="dg-muted"),
         dcc.Loading(_graph("timeline-graph", fig), type="default"),
     ])
 
@@ -359,10 +384,23 @@ def kernels_page(entry: TraceEntry) -> html.Div:
                "tiling (use an IO-aware kernel).", className="dg-muted"),
         _table(["device", "phase", "attention share", "attention ms"],
                [[a["device"], a["phase"], a["text"], F.fmt_value(a["attention_ms"], "ms")] for a in att], id="attention-share"),
+        html.H3("Which kernel to tune"),
+        html.P("One row per phase, op, input dims and kernel: achieved TFLOP/s and TB/s from the operator shapes, "
+               "against the device peak (diagnose run --format json: kernel_table).", className="dg-muted"),
+        kernel_table_view(r),
         html.H3("Top kernels"),
         html.P(f"Rows: {src}. Sort and filter in the column headers.", className="dg-muted"),
         grid,
     ])
+
+
+def kernel_table_view(report: Mapping) -> Any:
+    rows = F.kernel_table_rows(report)
+    if not rows:
+        return html.P("not available: the report has no kernel table", className="dg-muted", id="kernel-table")
+    return _table(["phase", "op", "input dims", "kernel", "calls", "total", "share", "TFLOP/s", "TB/s", "of peak", "bound"],
+                  [[r["phase"], r["op"], r["input_dims"], r["kernel"], r["calls"], r["total"], r["share"], r["tflops"],
+                    r["tbps"], r["peak"], r["bound"]] for r in rows], id="kernel-table")
 
 
 def roofline_page(entry: TraceEntry) -> html.Div:

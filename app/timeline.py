@@ -24,46 +24,19 @@ Time axis: milliseconds since the first GPU activity of the trace (``t0_ns`` in
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from diagnose.analyzers.timeline import GAP_KINDS, classify_gaps
+from diagnose.analyzers.timeline import classify_gaps
 from diagnose.trace.model import NO_TIME
+from diagnose.vocab import CATEGORY_COLORS, GAP_COLORS, GAP_KINDS, GAP_LABELS, PHASE_COLORS  # noqa: F401 (re-exported)
 
-GAP_COLORS = {
-    "launch": "#d62728",  # red: the GPU waited for the host
-    "graph": "#9467bd",
-    "other": "#b0b0b0",
-    "unattributed": "#c9a66b",
-}
-GAP_LABELS = {
-    "launch": "launch gap (GPU waited for host)",
-    "graph": "gap inside graph replay",
-    "other": "idle (other: sync, dependency)",
-    "unattributed": "idle (no launch call linked)",
-}
-CATEGORY_COLORS = {
-    "gemm": "#1f77b4",
-    "attention": "#ff7f0e",
-    "norm": "#2ca02c",
-    "elementwise": "#17becf",
-    "communication": "#e377c2",
-    "moe": "#8c564b",
-    "sampling": "#bcbd22",
-    "memcpy": "#7f7f7f",
-    "memset": "#aec7e8",
-    "other": "#98df8a",
-}
-PHASE_COLORS = {
-    "prefill": "#ad1457",
-    "decode": "#283593",
-    "mixed": "#f9a825",
-    "unknown": "#cccccc",
-}
 #: Bins (≈ pixels) across the visible range when aggregating.
 MAX_BINS = 1600
 #: In aggregated mode, an idle bin is drawn when at least this share of it is idle.
@@ -121,6 +94,11 @@ class TimelineData:
     step_label: list[str]
     phases: list[str]
     device_gap_rows: dict[int, int] = field(default_factory=dict)
+    host_row: int | None = None
+    host_start: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    host_end: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    host_kind: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))  # 0 marker, 1 call, 2 blocking call
+    host_label: list[str] = field(default_factory=list)
 
     @property
     def n_activities(self) -> int:
@@ -134,21 +112,71 @@ class TimelineData:
         return max(ends) if ends else 0
 
 
-def _device_gaps(s: np.ndarray, e: np.ndarray, le: np.ndarray, lk: np.ndarray, gf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Gaps of one device (inputs sorted by (start, end)): the analyzer's own classification.
+def _device_gaps(s: np.ndarray, e: np.ndarray, le: np.ndarray, lk: np.ndarray, gf: np.ndarray,
+                 tids: np.ndarray | None = None, host: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Gaps of one device (inputs sorted by (start, end)): the analyzer's own classification,
+    including its gap causes when ``host`` (a :class:`diagnose.analyzers.waits.HostIndex`) is
+    given (a launch-late gap explained by a blocking call or the profiler is not a launch gap).
 
     ``le``: launch-call end (same origin as ``s``), meaningful where ``lk`` (launch known).
     """
-    return classify_gaps(s, e, np.where(lk, le, NO_TIME), gf)
+    gs, ge, gk, gi = classify_gaps(s, e, np.where(lk, le, NO_TIME), gf)
+    if host is not None and tids is not None and len(gs):
+        from diagnose.analyzers.waits import _CAUSE_ID, attribute
+
+        cause, _ = attribute(gs, ge, gk, tids[gi], host)
+        move = (gk == GAP_KINDS.index("launch")) & (cause != _CAUSE_ID["launch"])
+        gk = np.where(move, GAP_KINDS.index("other"), gk).astype(np.int8)
+    return gs, ge, gk, gi
 
 
-def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None) -> TimelineData:
+HOST_KINDS = ("step marker", "runtime call", "blocking call")
+HOST_COLORS = ("#37474f", "#90a4ae", "#c62828")
+#: Runtime calls shorter than this are not drawn on the host lane (launches take ~5-10 µs).
+HOST_MIN_CALL_NS = 20_000
+HOST_MAX_CALLS = 20_000
+_BLOCKING = re.compile(r"synchroniz|eventquery|streamwaitevent|memcpy(?!.*async)|memset(?!.*async)|withstream", re.I)
+
+
+def host_lane(trace: Any, report: dict | None) -> pd.DataFrame:
+    """What the host did, for the timeline's host lane: the steps' CPU marker ranges and the
+    runtime/driver calls of at least :data:`HOST_MIN_CALL_NS` (the longest
+    :data:`HOST_MAX_CALLS`), blocking calls (synchronize, event waits, synchronous copies)
+    marked. Columns: name, start_ns, end_ns, kind (0 marker, 1 call, 2 blocking call)."""
+    parts = []
+    steps = [s for s in (report or {}).get("steps") or [] if s.get("scope", "cpu") == "cpu"
+             and s.get("start_ns") is not None and s.get("end_ns") is not None]
+    if steps:
+        parts.append(pd.DataFrame({"name": [str(s.get("name")) for s in steps],
+                                   "start_ns": [int(s["start_ns"]) for s in steps],
+                                   "end_ns": [int(s["end_ns"]) for s in steps], "kind": 0}))
+    rt = getattr(trace, "runtime", None)
+    if rt is not None and len(rt):
+        dur = (rt["end_ns"] - rt["start_ns"]).to_numpy()
+        sel = rt[dur >= HOST_MIN_CALL_NS]
+        if len(sel) > HOST_MAX_CALLS:
+            sel = sel.iloc[np.argsort(-(sel["end_ns"] - sel["start_ns"]).to_numpy(), kind="stable")[:HOST_MAX_CALLS]]
+        names = sel["name"].to_numpy(dtype=object)
+        kind = np.array([2 if _BLOCKING.search(str(n)) else 1 for n in names], dtype=np.int8)
+        parts.append(pd.DataFrame({"name": names, "start_ns": sel["start_ns"].to_numpy(), "end_ns": sel["end_ns"].to_numpy(),
+                                   "kind": kind}))
+    if not parts:
+        return pd.DataFrame({"name": [], "start_ns": [], "end_ns": [], "kind": []})
+    return pd.concat(parts, ignore_index=True)
+
+
+def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None, host: pd.DataFrame | None = None,
+                     host_index: Any = None) -> TimelineData:
     """Sort activities per stream, compute idle gaps per device and step bands.
 
     Args:
         activities: ``Analysis.activities`` (columns kind, name, device, stream, start_ns,
             end_ns, category; optional launch_end_ns, graph_followup). None or empty is allowed.
         report: ``Analysis.to_dict()``; its ``steps`` give the phase bands.
+        host: :func:`host_lane` of the trace: drawn on a "host" row under the steps, so a gap
+            on the GPU lines up with what the host was doing (a blocking call, a marker).
+        host_index: the analysis's :class:`~diagnose.analyzers.waits.HostIndex` (the gap
+            causes), so the drawn gap kinds are the report's; None: kinds from launch times only.
 
     Returns:
         A :class:`TimelineData` to pass to :func:`timeline_figure` (any number of times).
@@ -165,6 +193,10 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
     t0 = min(t0_candidates) if t0_candidates else 0
 
     rows = ["steps / phases"]
+    host_row = None
+    if host is not None and len(host):
+        host_row = len(rows)
+        rows.append("host · markers, calls")
     device_gap_rows: dict[int, int] = {}
     empty_i = np.zeros(0, dtype=np.int64)
     if n == 0:
@@ -183,7 +215,10 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
         categories = [str(c) for c in cat_uniques]
         le = acts["launch_end_ns"].to_numpy(dtype=np.int64) if "launch_end_ns" in acts else np.full(n, NO_TIME, dtype=np.int64)
         lk = le != NO_TIME  # launch call known
+        if "clock_skewed" in acts:
+            lk &= ~acts["clock_skewed"].to_numpy(dtype=bool)
         le = np.where(lk, le - t0, 0)  # same origin as start/end
+        tids_all = acts["launch_tid"].to_numpy() if "launch_tid" in acts else None
         gf = acts["graph_followup"].to_numpy(dtype=bool) if "graph_followup" in acts else np.zeros(n, dtype=bool)
 
         # Rows: per device its streams (sorted), then the device's idle row.
@@ -212,7 +247,13 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
         for d, grow in device_gap_rows.items():
             m = np.nonzero(dev == d)[0] if len(device_gap_rows) > 1 else np.arange(n)
             o = m[np.lexsort((end[m], start[m]))]
-            gs, ge, gk, gi = _device_gaps(start[o], end[o], le[o], lk[o], gf[o])
+            hx = host_index
+            if hx is not None:  # causes need absolute times: shift back by t0
+                gs, ge, gk, gi = _device_gaps(start[o] + t0, end[o] + t0, le[o] + t0, lk[o], gf[o],
+                                              tids_all[o] if tids_all is not None else None, hx)
+                gs, ge = gs - t0, ge - t0
+            else:
+                gs, ge, gk, gi = _device_gaps(start[o], end[o], le[o], lk[o], gf[o])
             g_rows.append(np.full(len(gs), grow, dtype=np.int32))
             g_s.append(gs)
             g_e.append(ge)
@@ -250,6 +291,11 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
         step_label=labels,
         phases=phases,
         device_gap_rows=device_gap_rows,
+        host_row=host_row,
+        host_start=(host["start_ns"].to_numpy(dtype=np.int64) - t0) if host_row is not None else np.zeros(0, dtype=np.int64),
+        host_end=(host["end_ns"].to_numpy(dtype=np.int64) - t0) if host_row is not None else np.zeros(0, dtype=np.int64),
+        host_kind=host["kind"].to_numpy(dtype=np.int8) if host_row is not None else np.zeros(0, dtype=np.int8),
+        host_label=[str(x)[:120] for x in host["name"]] if host_row is not None else [],
     )
 
 
@@ -505,6 +551,30 @@ def timeline_figure(
                                          np.zeros(int(m.sum())), txt, width=LINE_PX + 4, legendgroup="phase:" + ph))
                 drawn += int(m.sum())
 
+    # -- host lane: step markers and runtime calls --------------------------------------
+    if td.host_row is not None:
+        hvis = np.nonzero((td.host_start < hi) & (td.host_end > lo))[0]
+        host_budget = max_points // 5
+        for k, kname in enumerate(HOST_KINDS):
+            sel = hvis[td.host_kind[hvis] == k]
+            if len(sel) == 0:
+                continue
+            if len(sel) <= host_budget // len(HOST_KINDS):
+                txt = [f"{td.host_label[i]}<br>{kname} · {_fmt_us(td.host_end[i] - td.host_start[i])}" for i in sel]
+                traces.append(_seg_trace(kname, HOST_COLORS[k], td.host_start[sel] / 1e6, td.host_end[sel] / 1e6,
+                                         np.full(len(sel), td.host_row), txt, legendgroup="host:" + kname))
+                drawn += len(sel)
+            else:
+                nb = max(1, min(MAX_BINS, host_budget // len(HOST_KINDS)))
+                order = np.argsort(td.host_start[sel], kind="stable")
+                s_ = sel[order]
+                _, bs, be, item_block = _bin_blocks(np.zeros(len(s_), dtype=np.int64), td.host_start[s_], td.host_end[s_],
+                                                    lo, hi, 1, nb)
+                counts = np.bincount(item_block, minlength=len(bs))
+                traces.append(_seg_trace(kname, HOST_COLORS[k], bs / 1e6, be / 1e6, np.full(len(bs), td.host_row),
+                                         [f"{c} {kname}s merged" for c in counts], legendgroup="host:" + kname))
+                drawn += len(bs)
+
     budget = max_points - drawn
     ai = np.nonzero(vis)[0]
     gi = np.nonzero(gvis)[0]
@@ -532,7 +602,7 @@ def timeline_figure(
                                      td.gap_end[sel] / 1e6, td.gap_row[sel], txt, legendgroup="gap:" + kname))
             drawn += len(sel)
     else:
-        rows_drawn = n_rows - 1
+        rows_drawn = n_rows - 1 - (td.host_row is not None)
         n_bins = int(max(1, min(MAX_BINS, budget // max(rows_drawn, 1))))
         if n_vis:
             row = td.act_row[ai].astype(np.int64)

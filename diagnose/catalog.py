@@ -11,7 +11,7 @@ from functools import lru_cache
 from diagnose import compare, findings, sweep
 from diagnose.analyzers import ANALYZERS
 from diagnose.analyzers.base import Finding
-from diagnose.vocab import CATEGORIES, GAP_KINDS, PHASES
+from diagnose.vocab import CATEGORIES, GAP_CAUSES, GAP_KINDS, PHASES
 
 
 @lru_cache(maxsize=1)
@@ -20,7 +20,7 @@ def catalog() -> tuple[Finding, ...]:
     out: list[Finding] = []
     for module in ANALYZERS:
         out.extend(getattr(module, "FINDINGS", ()))
-    return tuple(out) + findings.TRACE_FINDINGS + sweep.FINDINGS + compare.FINDINGS + findings.METRICS_FINDINGS
+    return tuple(out) + findings.TRACE_FINDINGS + findings.LABELS + sweep.FINDINGS + compare.FINDINGS + findings.METRICS_FINDINGS
 
 
 _SEGMENT = r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*"
@@ -31,6 +31,7 @@ def _pattern_to_regex(pat: str) -> str:
     rx = rx.replace(re.escape("<phase>"), "(?:" + "|".join(PHASES) + ")")
     rx = rx.replace(re.escape("<category>"), "(?:" + "|".join(CATEGORIES) + ")")
     rx = rx.replace(re.escape("<kind>"), "(?:" + "|".join(GAP_KINDS) + ")")
+    rx = rx.replace(re.escape("<cause>"), "(?:" + "|".join(GAP_CAUSES) + ")")
     rx = rx.replace(re.escape("<code>"), _SEGMENT)
     rx = rx.replace(re.escape("<key>"), _SEGMENT)
     return rx

@@ -32,6 +32,16 @@ TRACE_FINDINGS = (
     Finding("quality.<code>", "count or 0/1", "the report's quality issue count (1 without a count); 0 for known codes that are absent"),
 )
 
+#: Text values rules may print (``labels:`` in a rule); never compared, only shown.
+LABELS = (
+    Finding("trace.main_phase", "text", "the step phase with the most own time on the device ('the trace' without steps)"),
+    Finding("all.top_idle_cause", "text", "the gap cause with the most idle time on the device"),
+    Finding("all.longest_gap_host_call", "text", "what the host was doing during the longest idle gap ('nothing in the trace' when unknown)"),
+    Finding("all.longest_host_blocked_call", "text", "the call the host was blocked in during the longest host-blocked gap"),
+    Finding("<phase>.top_kernel", "text", "base name of the phase's costliest kernel"),
+    Finding("<phase>.top_category", "text", "the kernel category with the most kernel time in the phase"),
+)
+
 METRICS_FINDINGS = (
     Finding("metrics.<key>", "as given", "every numeric top-level key of the --metrics JSON file"),
     Finding("metrics.perplexity_change", "fraction", "perplexity_candidate / perplexity_baseline - 1"),
@@ -129,6 +139,36 @@ def _trace_findings(report: Mapping[str, Any], out: Findings) -> None:
         out["trace.bandwidth_above_peak"] = 1 if max(ratios) > 1.0 else 0
     else:
         out["trace.bandwidth_above_peak"] = None
+
+
+def labels_from_report(report: Mapping[str, Any], device: int | None = None) -> dict[str, str]:
+    """Text labels (:data:`LABELS`) of the selected device's report rows."""
+    from diagnose.analyzers.categories import base_name
+    from diagnose.vocab import STEP_PHASES
+
+    dev = select_device(report, device)
+    rows = {p["name"]: p for p in report.get("phases") or [] if p.get("device") == dev and p.get("name") in PHASES}
+    out: dict[str, str] = {}
+    own = {n: num(rows[n].get("own_ms")) or 0.0 for n in STEP_PHASES if n in rows}
+    out["trace.main_phase"] = max(own, key=lambda n: own[n]) if own else "the trace"
+    for n, p in rows.items():
+        top = p.get("top_kernels") or []
+        if top:
+            out[f"{n}.top_kernel"] = base_name(str(top[0].get("name") or ""))[:80]
+        cats = {c: v for c, v in (p.get("categories_ms") or {}).items() if c not in ("memcpy", "memset")}
+        if cats:
+            out[f"{n}.top_category"] = max(cats, key=lambda c: cats[c])
+    a = rows.get("all") or {}
+    by = a.get("idle_by_cause_ms") or {}
+    if by:
+        out["all.top_idle_cause"] = max(by, key=lambda c: by[c])
+    longest = (a.get("gaps") or {}).get("longest") or []
+    if longest:
+        out["all.longest_gap_host_call"] = longest[0].get("host_call") or "nothing in the trace"
+    hb = [g for g in longest if g.get("cause") == "host_blocked"]
+    if hb:
+        out["all.longest_host_blocked_call"] = max(hb, key=lambda g: g["ms"]).get("host_call") or "an unnamed call"
+    return out
 
 
 def findings_from_metrics(metrics: Mapping[str, Any]) -> Findings:

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 from diagnose.compare import unreliable_reasons
 from diagnose.engine import RuleSet, Verdicts, evaluate
 from diagnose.errors import DiagnoseError
-from diagnose.findings import Findings, findings_from_report, unreliable_findings
+from diagnose.findings import Findings, findings_from_report, labels_from_report, unreliable_findings
 
 GATE_PHASES = ("all", "prefill", "decode", "mixed")
 LAUNCH_RULE = "S3-launch-gaps"
@@ -107,7 +107,7 @@ def gate_report(report: Mapping[str, Any], ruleset: RuleSet, phases: Sequence[st
 
     scopes = ["trace"] + (["metrics"] if metrics else [])
     verdicts = evaluate(ruleset.rules, findings, scope=scopes, overrides=ruleset.overrides,
-                        unreliable=() if allow_partial else unreliable)
+                        unreliable=() if allow_partial else unreliable, labels=labels_from_report(report, device))
     failing = frozenset(s["id"] for s in verdicts.at_least(fail_on)) if fail_on else frozenset()
     for s in verdicts.symptoms:
         st = "fail" if s["id"] in failing else "pass"
@@ -125,7 +125,7 @@ def gate_report(report: Mapping[str, Any], ruleset: RuleSet, phases: Sequence[st
 
 
 #: Trace types the gate treats like a partial trace (fails unless ``allow_partial``).
-GATING_TRACE_TYPES: tuple[str, ...] = ()
+GATING_TRACE_TYPES: tuple[str, ...] = ("graph_capture", "fragment")
 
 
 def fmt_value(v: Any) -> str:

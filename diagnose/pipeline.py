@@ -98,19 +98,46 @@ def attach_verdicts(analysis_or_report, ruleset=None, device: int | None = None)
         RuleError: invalid rules or overrides.
     """
     from diagnose.engine import evaluate, load_ruleset
-    from diagnose.findings import findings_from_report, unreliable_findings
+    from diagnose.findings import findings_from_report, labels_from_report, unreliable_findings
 
     rs = ruleset if ruleset is not None else load_ruleset()
     is_analysis = isinstance(analysis_or_report, Analysis)
     report = analysis_or_report.to_dict() if is_analysis else analysis_or_report
     verdicts = evaluate(rs.rules, findings_from_report(report, device), scope="trace", overrides=rs.overrides,
-                        unreliable=unreliable_findings(report, device))
-    report["symptoms"] = verdicts.symptoms
-    report["not_evaluated"] = verdicts.not_evaluated
+                        unreliable=unreliable_findings(report, device), labels=labels_from_report(report, device))
+    sections = {"headline": headline(verdicts, report), "symptoms": verdicts.symptoms, "not_evaluated": verdicts.not_evaluated}
+    report.update(sections)
     if is_analysis:
-        analysis_or_report.extra["symptoms"] = verdicts.symptoms
-        analysis_or_report.extra["not_evaluated"] = verdicts.not_evaluated
+        analysis_or_report.extra.update(sections)
     return report
+
+
+#: Trace types that change what the report can say (vocab.QUALITY_CODES), most decisive first:
+#: the headline's caveat, or the headline itself when no rule fired.
+TRACE_TYPE_HEADLINES = {
+    "graph_capture": "this is a CUDA/HIP graph capture pass: nothing executed, so no timing conclusion; profile a replay "
+                     "(and give this file as --capture-trace to map the replay's kernels to ops)",
+    "training_trace": "a training step (autograd backward ran): no prefill/decode reading applies",
+    "fragment": "the window holds part of a forward: TPOT, MBU and the bound ratio cannot be read from it",
+    "no_gpu_activity": "no GPU activity in the trace: nothing to say about GPU time",
+    "cold_start": "first-iteration costs (lazy loading, compilation) are in the window: profile a warmed-up iteration",
+}
+
+
+def headline(verdicts, report: dict) -> dict | None:
+    """The one verdict the report leads with: the top fired rule's (text, rule_id, cause, ms,
+    share), with a ``caveat`` when the trace type limits what it can mean; when no rule fired,
+    what the trace type says (a capture pass, a fragment...), else None."""
+    codes = [q.get("code") for q in report.get("quality") or []]
+    kinds = [c for c in TRACE_TYPE_HEADLINES if c in codes]
+    h = verdicts.headline
+    if h is None:
+        if not kinds:
+            return None
+        return {"text": TRACE_TYPE_HEADLINES[kinds[0]], "rule_id": None, "cause": kinds[0], "ms": None, "share": None}
+    if kinds:
+        h = {**h, "caveat": TRACE_TYPE_HEADLINES[kinds[0]]}
+    return h
 
 
 def ensure_verdicts(report: dict, ruleset=None) -> dict:

@@ -65,6 +65,65 @@ GAP_LABELS = {
 
 
 @dataclass(frozen=True)
+class GapCause:
+    """Why the GPU was idle: a cause of an idle gap or a step's wait, with its plain meaning."""
+
+    name: str
+    label: str
+    external: bool  # the time is not the step's own cost (excluded from steps[].own_ms)
+
+
+GAP_CAUSE_TABLE: tuple[GapCause, ...] = (
+    GapCause("launch", "the host launched the next work late (host/launch-bound)", False),
+    GapCause("graph", "gap between kernels of one CUDA/HIP graph replay", False),
+    GapCause("host_blocked", "the host was blocked in a call (synchronize, blocking copy, event wait)", False),
+    GapCause("dependency", "the next work was launched in time but waited (another stream, an event, a copy)", False),
+    GapCause("cold_start", "first-iteration cost: lazy module loading, cubin/JIT load, compilation", True),
+    GapCause("profiler_overhead", "the profiler itself (CUPTI/roctracer buffer handling)", True),
+    GapCause("not_in_trace", "the next work has no launch call in the trace", True),
+    GapCause("outside_trace", "the GPU was busy with or waiting for work not in the trace (e.g. the previous step: pipelining)", True),
+    GapCause("pipelined", "the GPU was still running earlier work of the trace (the previous step: healthy pipelining)", True),
+)
+GAP_CAUSES = tuple(c.name for c in GAP_CAUSE_TABLE)
+GAP_CAUSE_LABELS = {c.name: c.label for c in GAP_CAUSE_TABLE}
+EXTERNAL_CAUSES = frozenset(c.name for c in GAP_CAUSE_TABLE if c.external)
+
+
+@dataclass(frozen=True)
+class Lever:
+    """A fix direction a rule can recommend (``recommends:``). ``present_when`` is a condition
+    (rule condition language, finding names with dots) that shows the lever is already in
+    place or does not apply: the engine then drops it from the verdict and says why."""
+
+    name: str
+    text: str
+    present_when: str = ""
+    present_text: str = ""
+
+
+LEVER_TABLE: tuple[Lever, ...] = (
+    Lever("cuda_graphs", "capture the step in a CUDA/HIP graph (one launch replays it)",
+          "trace.graph_kernel_share >= 0.5", "the steps already replay CUDA/HIP graphs"),
+    Lever("chunked_prefill", "chunked prefill, so prefill and decode share steps",
+          "steps.prefill_interleaved_count + steps.mixed_count == 0", "no prefill shares the window with decode steps"),
+    Lever("token_budget", "a smaller per-step token budget (vLLM max_num_batched_tokens, SGLang chunked_prefill_size)"),
+    Lever("kernel_fusion", "fuse the elementwise and norm kernels (torch.compile, fused RMSNorm + RoPE kernels)"),
+    Lever("moe_kernels", "a fused-MoE path tuned for the device (or FP8 experts); compare per-expert TB/s"),
+    Lever("gemm_tuning", "tune or replace the costliest GEMM (tile shapes, library, fused epilogues)"),
+    Lever("weight_quantization", "quantize the weights (int8/fp8 halves the bytes, int4 quarters them)"),
+    Lever("kv_quantization", "quantize the KV cache (int8/fp8)"),
+    Lever("bigger_batch", "a bigger decode batch (weights are read once per step)"),
+    Lever("remove_host_sync", "remove host synchronizations and blocking copies from the step loop (pinned memory, non_blocking copies)"),
+    Lever("keep_weights_on_device", "keep the weights on the GPU (no offload), or prefetch them asynchronously"),
+    Lever("overlap_communication", "overlap communication with compute (or parallelise differently)"),
+    Lever("flash_attention", "an IO-aware (FlashAttention-style) attention kernel"),
+    Lever("synchronize_timer", "synchronize before reading a host timer (or time with CUDA events)"),
+    Lever("fewer_kernels", "fewer, larger kernels (fusion, CUDA graphs)"),
+)
+LEVERS = {lv.name: lv for lv in LEVER_TABLE}
+
+
+@dataclass(frozen=True)
 class QualityCode:
     """A report quality code: its meaning (README table) and whether it makes numbers unreliable."""
 
@@ -85,8 +144,12 @@ QUALITY_TABLE: tuple[QualityCode, ...] = (
     QualityCode("device_id_remapped", "one listed GPU whose activities carry another device index"),
     QualityCode("unknown_device_peak", "device not in the GPU table: MFU/MBU skipped"),
     QualityCode("bandwidth_above_peak", "achieved bandwidth above the device peak: wrong peak or config, or a timing without synchronisation (S7)"),
-    QualityCode("partial_forward", "the step's operators are < 50 % of the model's FLOPs: the window holds part of a forward; MBU from the config is too high"),
+    QualityCode("fragment", "the window holds part of a forward (with a model config: its operators are < 50 % of the model's FLOPs; without: no GEMM, or less than one decoder layer and a head): TPOT, MBU and bound rules are not evaluated"),
+    QualityCode("graph_capture", "a CUDA/HIP graph capture pass: nothing executed, so every timing rule is not evaluated; profile a replay"),
+    QualityCode("cold_start", "first-iteration costs (lazy module loading, module/JIT loading, compilation): the gaps they explain are attributed to them"),
+    QualityCode("python_tracing_overhead", "heavy with_stack tracing (python_function events): host times and launch gaps are inflated"),
     QualityCode("model_config_unusable", "the model config in trace metadata lacks required keys"),
+    QualityCode("model_config_unsupported", "the model config in trace metadata has a key that changes bytes or FLOPs in a way not modelled (the message names it): no analytic bound"),
     QualityCode("truncated", "the file (JSON or gzip) was cut short; numbers are partial", True),
     QualityCode("decimal_comma_repaired", "numbers written with a decimal comma repaired (`--lenient`)"),
     QualityCode("invalid_text_repaired", "invalid UTF-8 or control characters replaced by U+FFFD"),
@@ -98,6 +161,12 @@ QUALITY_TABLE: tuple[QualityCode, ...] = (
     QualityCode("same_stream_overlap", "small overlaps on one stream (PDL): kept, busy is a union"),
     QualityCode("legacy_event_list", "a top-level JSON list of events (no trace metadata)"),
     QualityCode("bad_base_time", "`baseTimeNanoseconds` is not a plausible epoch time in ns: ignored, times are relative"),
+    QualityCode("ranks_merged", "several ranks merged into one file (SGLang ProfileMerger): split by rank before linking; each rank analysed alone"),
+    QualityCode("missing_duration", "complete events (`ph: X`) without `dur` excluded"),
+    QualityCode("bad_value", "events with a non-numeric timestamp or duration (e.g. `dur: \"abc\"`) excluded"),
+    QualityCode("out_of_range_value", "events with numbers beyond the float64 range (e.g. `ts: 1e400`) excluded"),
+    QualityCode("unmatched_begin_end", "`B`/`E` duration events without their pair dropped (paired ones become ranges)"),
+    QualityCode("clock_skew", "GPU activities start before their launch call starts (host/device clock skew, estimate in the message): gaps before them are unattributed, never launch gaps", True),
     QualityCode("sliced_window", "only part of the trace was analysed (`--window`)"),
     QualityCode("sliced_device", "only one device of the trace was analysed (`--device`)"),
     QualityCode("nsys_table_absent", "Nsight Systems export without one of the tables read (see `diagnose/trace/nsys.py`)"),

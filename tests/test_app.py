@@ -147,10 +147,11 @@ def test_timeline_gaps_match_the_analyzer_on_vllm(vllm):
 
 def test_timeline_gaps_match_the_analyzer_on_sglang(sglang):
     r = sglang.to_dict()
-    td = prepare_timeline(sglang.activities, r)
+    td = prepare_timeline(sglang.activities, r, host_index=sglang.host_index)
     assert td.rows == ["steps / phases", "GPU 9 · stream 2", "GPU 9 · stream 3", "GPU 9 · idle"]
     counts = {k: int((td.gap_kind == i).sum()) for i, k in enumerate(GAP_KINDS)}
-    assert counts == _all_phase(r)["gaps"]["count_by_kind"] == {"launch": 18, "graph": 0, "other": 2, "unattributed": 0}
+    # one host-late gap is the host blocked in hipMemcpyWithStream: 'other', not a launch gap
+    assert counts == _all_phase(r)["gaps"]["count_by_kind"] == {"launch": 17, "graph": 0, "other": 3, "unattributed": 0}
     launch_ms = float((td.gap_end - td.gap_start)[td.gap_kind == 0].sum()) / 1e6
     assert launch_ms == pytest.approx(_all_phase(r)["gaps"]["ms_by_kind"]["launch"], abs=1e-6)
 

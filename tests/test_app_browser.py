@@ -48,7 +48,7 @@ def analyses():
     if not VLLM.exists():
         pytest.skip(f"shared trace corpus not available: {VLLM}")
     vllm = run_analysis(str(VLLM))
-    attach_verdicts(vllm)  # the real rule engine: S7 (info) fires on this trace
+    attach_verdicts(vllm)  # the real rule engine: MoE kernels (high) and small kernels (medium) on this trace
     return vllm, run_analysis(str(TINY))
 
 
@@ -99,10 +99,12 @@ def _wait_text(driver, css: str, text: str):
 def test_overview_timeline_roofline(driver, base_url, analyses):
     driver.get(base_url + "/")
     banner = _wait_css(driver, "#overview-banner")
-    _wait_text(driver, "#overview-banner", "INFO: 1 symptom fired")
-    assert "Timed CPU regions end before the GPU work they launched" in banner.text
-    card = _wait_css(driver, "#symptom-card-S7-cpu-region-shorter-than-gpu")
-    assert "synchronize" in card.text and "How to verify" in card.text
+    _wait_text(driver, "#overview-banner", "HIGH: 2 symptoms fired")
+    assert "decode is MoE-kernel-bound: 71% of kernel time (7.53 ms) in MoE expert kernels" in banner.text
+    card = _wait_css(driver, "#symptom-card-moe-kernel-bound")
+    assert "fused-MoE" in card.text and "How to verify" in card.text
+    gaps = _wait_css(driver, "#longest-gaps-2")
+    assert "dependency" in gaps.text
     errors = _severe(driver)
 
     driver.find_element(By.ID, "nav-timeline").click()
@@ -134,7 +136,7 @@ def test_overview_timeline_roofline(driver, base_url, analyses):
 
 def test_trace_select_shows_no_symptom_banner(driver, base_url):
     driver.get(base_url + "/")
-    _wait_text(driver, "#overview-banner", "INFO")
+    _wait_text(driver, "#overview-banner", "HIGH")
     driver.find_element(By.CSS_SELECTOR, "#trace-select").click()
     opt = WebDriverWait(driver, WAIT_S).until(
         EC.element_to_be_clickable((By.XPATH, "//*[@role='option'][contains(., 'tiny_cpu.json.gz')]")))
@@ -160,8 +162,9 @@ def test_html_report_opens_offline(driver, analyses, tmp_path):
     out = write_html(vllm, tmp_path / "report.html")
     driver.get(out.resolve().as_uri())
     banner = _wait_css(driver, "#overview-banner")
-    assert "INFO: 1 symptom fired" in banner.text
+    assert "HIGH: 2 symptoms fired" in banner.text and "MoE-kernel-bound" in banner.text
     _wait_css(driver, _plot("timeline-graph"))
     _wait_css(driver, _plot("roofline-graph"))
-    assert driver.find_element(By.ID, "symptom-card-S7-cpu-region-shorter-than-gpu")
+    assert driver.find_element(By.ID, "symptom-card-moe-kernel-bound")
+    assert "host · markers, calls" in driver.find_element(By.ID, "timeline-graph").text
     assert _severe(driver) == []

@@ -58,12 +58,14 @@ def test_decode_mbu_and_bound_ratio_from_metadata_config(kineto, tmp_path):
     expected_bytes = 2 * w + (2048 + 2049) * kv
     assert d.bytes == expected_bytes
     assert d.bytes_source == "model config (trace metadata)"
-    # 20 ms of steps: achieved TB/s = bytes / 0.020 s
-    assert d.achieved_tbps == round(expected_bytes / 0.020 / 1e12, 6)
+    # own time: each step's GPU span is its kernel, 9.8 ms (the marker starts 0.2 ms earlier);
+    # achieved TB/s = bytes / 0.0196 s
+    assert d.own_ms == 19.6
+    assert d.achieved_tbps == round(expected_bytes / 0.0196 / 1e12, 6)
     assert d.mbu == round(d.achieved_tbps / 2.0, 6)
     # lower bound per step = bytes / 2 TB/s (memory-bound; AI ~ 1 FLOP/B << ridge 150)
     assert d.bound == "memory"
-    assert d.bound_ratio == round(0.020 / (expected_bytes / 2e12), 4)
+    assert d.bound_ratio == round(0.0196 / (expected_bytes / 2e12), 4)
     assert d.flops_source == "model config (trace metadata)"  # no operator shapes in this trace
 
 
@@ -97,7 +99,9 @@ def test_h100_prefill_mfu_from_shapes():
     assert a.to_dict()["gpu"]["name"] == "H100-SXM"  # resolved from deviceProperties "NVIDIA H100 80GB HBM3"
     assert p.flops_source == "shapes"
     assert p.flops == 6_006_026_832_832  # outermost GEMM/attention ops of ProfilerStep#6
-    assert p.mfu == pytest.approx(0.1229, abs=5e-5)
+    # over the step's own time 34.892419 ms (its GPU span; the 14 ms before it the GPU ran step
+    # #5's kernels): 6.006e12 / 0.034892419 s / 989.4e12 (expert reading: 6.0 TFLOP / 34.9 ms = 17.4 %)
+    assert p.mfu == pytest.approx(6_006_026_832_832 / 0.034892419 / 989.4e12, abs=5e-6)
     assert p.bound == "compute"
 
 
@@ -109,11 +113,14 @@ def test_nano_vllm_decode_mbu_with_config():
     assert (s["batch"], s["context"]) == (3, 17)  # 2-D linear M = 3 tokens; first QK^T keys = 17
     # bytes = bf16 weights 1,191,968,768 + 3 x 17 KV tokens x 114,688 B
     assert d.bytes == 1_191_968_768 + 3 * 17 * 114_688
-    assert d.mbu == pytest.approx(0.9474, abs=5e-4)  # on an RTX 4080 Laptop (0.432 TB/s)
-    assert d.bound_ratio == pytest.approx(1.0555, abs=5e-4)
-    # ...but the window holds 17 kernels, 2.6 % of a forward's FLOPs: flagged, not trusted
+    # over the step's own time, 2.13884 ms: "faster than the bandwidth allows" on an RTX 4080
+    # Laptop (0.432 TB/s) because the window holds a fragment of the forward...
+    assert d.mbu == pytest.approx((1_191_968_768 + 3 * 17 * 114_688) / 0.00213884 / 0.432e12, abs=5e-5)
+    assert d.bound_ratio == pytest.approx(0.00213884 / ((1_191_968_768 + 3 * 17 * 114_688) / 0.432e12), abs=5e-4)
+    # ...17 kernels, 2.6 % of a forward's FLOPs: flagged a fragment, MBU and bound not trusted
     assert d.forward_coverage == pytest.approx(0.0263, abs=5e-4)
-    assert "partial_forward" in {q.code for q in a.quality}
+    assert "fragment" in {q.code for q in a.quality}
+    assert {"mbu", "bound_ratio"} <= set(d.unreliable)
 
 
 def test_graph_replayed_decode_says_why_flops_are_missing():

@@ -140,12 +140,15 @@ def test_gate_threshold_flag_and_override_agree(kineto, tmp_path):
 
 def test_gate_fail_on_severity(kineto, tmp_path):
     trace = graph_decode(kineto, tmp_path / "graph.json")
-    # The graph trace fires one info rule only (the step regions end before their GPU work).
-    r = run(gate_command, ["--trace", trace, "--format", "json"])
+    # Timed as the user's own regions (--phase-regex), the graph trace fires one info rule only:
+    # each region ends on the CPU before its GPU work (S7). Engine markers alone would not.
+    user = ["--phase-regex", "decode=^diagnose:decode"]
+    assert json.loads(run(gate_command, ["--trace", trace, "--format", "json"]).output)["symptoms"] == []
+    r = run(gate_command, ["--trace", trace, "--format", "json", *user])
     fired = {s["id"]: s["severity"] for s in json.loads(r.output)["symptoms"]}
     assert fired == {"S7-cpu-region-shorter-than-gpu": "info"}
-    assert run(gate_command, ["--trace", trace, "--fail-on", "low"]).exit_code == 0
-    r = run(gate_command, ["--trace", trace, "--fail-on", "info"])
+    assert run(gate_command, ["--trace", trace, "--fail-on", "low", *user]).exit_code == 0
+    r = run(gate_command, ["--trace", trace, "--fail-on", "info", *user])
     assert r.exit_code == 1
     assert "fail-on: info -> 1 symptom(s) at or above it" in r.output
     # With the launch-gap limit raised to 0.7, the eager trace still fires S3-gpu-idle (medium);

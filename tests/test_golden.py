@@ -45,8 +45,19 @@ def _cases() -> list[tuple[str, Path, tuple[str, ...]]]:
 
 
 def _config_cases() -> list[tuple[str, Path, tuple[str, ...]]]:
-    """Runs with a model config and GPU (the expert readings' settings)."""
-    return []
+    """Runs with a model config and GPU: the settings of shared/design/expert_readings.md."""
+    tl = SHARED_TRACES / "tracelens"
+    capture = tl / "vllm_decode_full" / "graph_capture_rank_0.1773709742341309550.pt.trace.json.gz"
+    cases = [
+        ("expert__vllm_decode_full__gpt-oss-20b_MI300X", tl / "vllm_decode_full" / "graph_execution.json.gz",
+         ("--model-config", "gpt-oss-20b", "--gpu", "MI300X", "--capture-trace", str(capture))),
+        ("expert__vllm_prefilldecode_piecewise__gpt-oss-20b_MI300X", tl / "vllm_prefilldecode_piecewise" / "graph_execution.json.gz",
+         ("--model-config", "gpt-oss-20b", "--gpu", "MI300X")),
+        ("expert__sglang_prefilldecode__qwen3-8b_MI300X", tl / "sglang_prefilldecode" / "sglang_Qwen3-8B_prefilldecode.json.gz",
+         ("--model-config", "qwen3-8b", "--gpu", "MI300X")),
+        ("expert__h100_qwen1.5-0.5b", tl / "h100" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", ("--model-config", "qwen1.5-0.5b")),
+    ]
+    return [c for c in cases if c[1].exists()]
 
 
 CASES = _cases()
@@ -123,3 +134,18 @@ def _diff(a, b, path):
 def _short(v) -> str:
     s = json.dumps(v, ensure_ascii=False)
     return s if len(s) <= 120 else s[:117] + "..."
+
+
+def test_every_golden_report_matches_the_published_json_schema():
+    """The report contract (diagnose/data/report.schema.json, shipped in the package) holds on
+    every golden report."""
+    import jsonschema
+    from importlib import resources
+
+    schema = json.loads(resources.files("diagnose.data").joinpath("report.schema.json").read_text(encoding="utf-8"))
+    validator = jsonschema.Draft202012Validator(schema)
+    files = sorted(GOLDEN.glob("*.json"))
+    assert files
+    for f in files:
+        errors = sorted(validator.iter_errors(json.loads(f.read_text(encoding="utf-8"))), key=lambda e: list(e.absolute_path))
+        assert not errors, f"{f.name}: {'/'.join(map(str, errors[0].absolute_path))}: {errors[0].message}"

@@ -129,7 +129,7 @@ def test_tpot_percentiles(kineto, tmp_path):
         start = e
     a = _an(b, tmp_path)
     lat = a.latency
-    assert lat.ttft_ms == 70.0  # marker start 0 -> GPU finish 70 ms
+    assert lat.ttft_ms == 60.0  # own time: the prefill kernel's span, 10 -> 70 ms (the marker started at 0)
     assert lat.tpot_samples == 4  # intervals 10, 10, 10, 30 ms
     assert lat.tpot_ms["p50"] == 10.0
     assert lat.tpot_ms["p90"] == 24.0  # linear interpolation: 10 + 0.7 * 20

@@ -15,11 +15,14 @@ from diagnose.analyzers import (
     activities,
     attainment,
     categories,
+    kernels,
     launches,
     latency,
     phases,
     phasestats,
     timeline,
+    tracetype,
+    waits,
 )
 from diagnose.analyzers.base import Context, Finding
 from diagnose.analyzers.result import SCHEMA_VERSION, Analysis, PhaseResult, step_records
@@ -28,10 +31,24 @@ from diagnose.trace.model import Trace
 
 #: The analyzer registry, in run order. Modules without ``run`` only declare findings that
 #: another analyzer's code computes (categories and timeline run inside phasestats).
-ANALYZERS = (phases, launches, activities, latency, attainment, phasestats, timeline, categories)
+ANALYZERS = (phases, launches, activities, waits, latency, attainment, tracetype, phasestats, kernels, timeline, categories)
 
 __all__ = ["ANALYZERS", "Analysis", "AnalysisOptions", "Context", "Finding", "PhaseResult", "SCHEMA_VERSION",
            "analyze", "step_records"]
+
+
+#: Step-table columns only the analyzers use (not in the JSON report).
+_INTERNAL_STEP_COLUMNS = ("device_activity_count", "shape_bytes", "own_ns", "done_ns")
+
+
+def report_steps(steps):
+    """The step table as reported: ``own_ms`` (ms, 6 decimals) instead of the internal ns
+    columns; column order as documented in the README."""
+    out = steps.drop(columns=[c for c in _INTERNAL_STEP_COLUMNS if c in steps])
+    if "own_ns" in steps:
+        own = (steps["own_ns"].to_numpy() / 1e6).round(6)
+        out.insert(out.columns.get_loc("gpu_busy_ms") + 1 if "gpu_busy_ms" in out else len(out.columns), "own_ms", own)
+    return out
 
 
 def analyze(trace: Trace, options: AnalysisOptions | None = None) -> Analysis:
@@ -51,11 +68,13 @@ def analyze(trace: Trace, options: AnalysisOptions | None = None) -> Analysis:
         devices=ctx.devices,
         phases=ctx.phases,
         latency=ctx.latency,
-        steps=ctx.steps.drop(columns=["device_activity_count", "shape_bytes"]),
+        steps=report_steps(ctx.steps),
         quality=ctx.quality,
         partial=trace.partial,
         metadata=trace.metadata,
         activities=ctx.activities,
         extra={k: v for k, v in ctx.extra.items() if not k.startswith("_")},
         trace=trace,
+        host_index=ctx.extra.get("_host"),
+        internal={k[1:]: v for k, v in ctx.extra.items() if k.startswith("_") and k != "_host"},
     )

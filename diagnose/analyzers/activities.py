@@ -2,7 +2,8 @@
 
 Sets ``ctx.activities``: ``trace.gpu`` plus ``category``/``category_id`` (kernel categories,
 :mod:`diagnose.analyzers.categories`), ``name_id`` (names factorized once), the launch columns
-(``launch_start_ns``, ``launch_end_ns``, ``launch_kind``, ``graph_followup``), ``step`` (row of
+(``launch_start_ns``, ``launch_end_ns``, ``launch_kind``, ``graph_followup``,
+``launch_tid``), ``step`` (row of
 the step table, -1 none) and ``phase``. Also ``ctx.devices`` ({id, name} per device with GPU
 activity), ``ctx.extra["launches"]`` and, when graph coverage is low, the names of the numbers
 that become unreliable (``ctx.extra["_unreliable"]``).
@@ -17,7 +18,7 @@ from diagnose.analyzers.categories import CATEGORY_NAMES, category_ids
 from diagnose.analyzers.launches import GRAPH_COVERAGE_MIN, launch_stats
 from diagnose.analyzers.phases import assign_steps
 from diagnose.numeric import num
-from diagnose.trace.model import factorize
+from diagnose.trace.model import NO_TIME, factorize
 
 FINDINGS = (
     Finding("trace.device", "id", "GPU device whose numbers the phase findings are (most GPU busy time unless chosen)"),
@@ -40,11 +41,20 @@ def run(ctx: Context) -> None:
         launch_start_ns=launches["launch_start_ns"].to_numpy(),
         launch_kind=pd.Series(launches["launch_kind"].to_numpy(dtype=object), index=gpu.index, dtype=object),
         graph_followup=launches["graph_followup"].to_numpy(),
+        launch_tid=launches["launch_tid"].to_numpy(),
+        clock_skewed=launches["clock_skewed"].to_numpy() if "clock_skewed" in launches else np.zeros(len(gpu), dtype=bool),
         step=step_idx,
     )
     step_phase = steps["phase"].to_numpy() if len(steps) else np.array([], dtype=object)
-    g["phase"] = pd.Series(np.where(step_idx >= 0, step_phase[np.clip(step_idx, 0, None)] if len(steps) else "unknown", "unknown"),
-                           index=g.index, dtype=object)
+    phase = np.where(step_idx >= 0, step_phase[np.clip(step_idx, 0, None)] if len(steps) else "unknown", "unknown").astype(object)
+    containers = ctx.extra.get("_containers")
+    if containers is not None and len(containers) and len(g):
+        # launched inside an outer marker but in none of its steps: the container's phase
+        t = launches["launch_start_ns"].to_numpy()
+        for cs, ce, cph in zip(containers["start_ns"], containers["end_ns"], containers["phase"]):
+            m = (step_idx < 0) & (t >= cs) & (t <= ce) & (t != NO_TIME)
+            phase[m] = cph
+    g["phase"] = pd.Series(phase, index=g.index, dtype=object)
     ctx.activities = g
 
     info = launch_stats(trace, g)

@@ -12,21 +12,23 @@ Sources of each input (the report lists the ones that were missing in ``attainme
   decode ``2 * P * B`` plus attention ``4 * n_h * d * ctx * L * B``; prefill linear + LM head +
   causal attention). Attention FLOPs from SDPA shapes use full masking (an upper bound: the
   causal flag is not in the shapes).
-* **Bytes** — from the model config when known (trace metadata ``diagnose.model_config`` or
+* **Bytes** — from the model config when known (:func:`diagnose.accounting.step_cost`: MoE
+  experts touched, quantized weights, sliding windows, MLA and tensor parallelism per rank) (trace metadata ``diagnose.model_config`` or
   ``--model-config``): decode step = weight bytes + KV tokens read x KV bytes per token;
   prefill step = weight bytes + tokens x KV bytes per token written (domain.md §3). Without
   a config: operand bytes of the FLOP ops (inputs + output, by ``Input type``), a lower
   estimate that ignores cache reuse.
-* **Time** — the phase's step wall times (launch to GPU finish, see latency.py).
+* **Time** — the phase's step own times (GPU span minus external waits, see waits.py):
+  a marker that starts long before its GPU work does not lower MFU/MBU.
 * **Peaks** — the device row of ``diagnose/data/gpus.yaml`` resolved from the trace's device
   name, or ``--gpu`` / ``--peak-tflops`` / ``--bandwidth-tbps``. MFU uses the dense FP16/BF16
   tensor peak. Unknown device: attainment is skipped, never guessed.
 
-``bound_ratio`` = phase step time / sum over its steps of max(bytes / BW, FLOPs / peak).
+``bound_ratio`` = phase step time / sum over its steps of max(bytes / BW, FLOPs / peak)
+(:func:`diagnose.roofline.roofline`, the one formula the bounds command and the collectors use too).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,81 +42,17 @@ from diagnose.errors import DiagnoseError
 from diagnose.hardware import peak_from_overrides
 from diagnose.numeric import div, num
 from diagnose.hardware import GpuPeak
+from diagnose.roofline import roofline
 from diagnose.trace.kineto import parse_input_dims
 from diagnose.trace.model import Trace
 
-_GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-             "aten::_scaled_mm", "aten::addbmm"}
-_SDPA_BHSD = {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
-              "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention"}
-_SDPA_BSHD = {"aten::_flash_attention_forward", "aten::_efficient_attention_forward"}
-FLOP_OPS = _GEMM_OPS | _SDPA_BHSD | _SDPA_BSHD
-
-_TYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "c10::Float8_e4m3fn": 1,
-               "c10::Float8_e5m2": 1, "signed char": 1, "unsigned char": 1, "int": 4, "long int": 8,
-               "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1}
-
-
-def _ints(x: Any) -> list[int] | None:
-    if isinstance(x, list) and x and all(isinstance(v, int) for v in x):
-        return x
-    return None
-
-
-def op_flops(name: str, dims: list | None) -> int | None:
-    """FLOPs of one operator from its ``Input Dims`` (2 per multiply-add), None when unknown.
-
-    GEMMs: 2*M*K*N times the broadcast batch. SDPA: 4*B*H*Sq*Sk*D (QK^T and PV, full mask).
-    """
-    if not dims:
-        return None
-    if name in ("aten::addmm", "aten::baddbmm", "aten::addbmm"):
-        dims = dims[1:]
-    if name == "aten::linear":
-        a, w = _ints(dims[0]) if dims else None, _ints(dims[1]) if len(dims) > 1 else None
-        if not a or not w or len(w) != 2:
-            return None
-        return 2 * math.prod(a[:-1]) * a[-1] * w[0]
-    if name in _SDPA_BHSD or name in _SDPA_BSHD:
-        q = _ints(dims[0]) if dims else None
-        k = _ints(dims[1]) if len(dims) > 1 else None
-        if not q or not k or len(q) != 4 or len(k) != 4:
-            return None
-        if name in _SDPA_BHSD:
-            b, h, sq, d = q
-            sk = k[2]
-        else:
-            b, sq, h, d = q
-            sk = k[1]
-        return 4 * b * h * sq * sk * d
-    if len(dims) < 2:
-        return None
-    a, b = _ints(dims[0]), _ints(dims[1])
-    if not a or not b:
-        return None
-    if len(a) == 1 or len(b) == 1:
-        return 2 * math.prod(a) * (b[-1] if len(b) > 1 else 1)
-    m, k = a[-2], a[-1]
-    n = b[-1]
-    batch = max(math.prod(a[:-2]), math.prod(b[:-2]))
-    return 2 * batch * m * k * n
-
-
-def _op_bytes(dims: list | None, types: list | None, flops_name: str) -> int | None:
-    if not dims:
-        return None
-    total = 0
-    for i, d in enumerate(dims):
-        dd = _ints(d)
-        if not dd:
-            continue
-        t = types[i] if types and i < len(types) else None
-        total += math.prod(dd) * _TYPE_BYTES.get(t, 2)
-    return total or None
+from diagnose.analyzers.opcost import FLOP_OPS, op_bytes, op_flops  # noqa: E402  (re-exported)
 
 
 def step_shape_flops(trace: Trace, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """FLOPs and operand bytes from shapes per step, and the count of FLOP ops per step.
+    """FLOPs and operand bytes from shapes per step, and the count of FLOP ops per step
+    (:mod:`diagnose.analyzers.opcost`; varlen attention ops get the step's sequence sums from
+    its markers, :func:`diagnose.analyzers.kernels.step_seq_infos`).
 
     Returns:
         (flops, operand_bytes, op_count), int64 arrays aligned with ``steps``.
@@ -140,20 +78,25 @@ def step_shape_flops(trace: Trace, steps: pd.DataFrame) -> tuple[np.ndarray, np.
         prev_max = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], e[:-1])))
         nested[m] = e <= prev_max
     outer = ops[~nested]
+    from diagnose.analyzers.kernels import step_seq_infos
+
+    seqs = step_seq_infos(trace, steps)
+    concrete_col = outer["concrete_inputs"].to_numpy() if "concrete_inputs" in outer else [None] * len(outer)
     st = steps["start_ns"].to_numpy(dtype=np.int64)
     en = steps["end_ns"].to_numpy(dtype=np.int64)
     types_col = outer["input_types"].to_numpy() if "input_types" in outer else [None] * len(outer)
-    for name, s, raw, traw in zip(outer["name"].to_numpy(), outer["start_ns"].to_numpy(), outer["input_dims"].to_numpy(), types_col):
+    for name, s, raw, traw, craw in zip(outer["name"].to_numpy(), outer["start_ns"].to_numpy(), outer["input_dims"].to_numpy(),
+                                        types_col, concrete_col):
         pos = int(np.searchsorted(st, s, side="right")) - 1
         if pos < 0 or s > en[pos]:
             continue
         dims = parse_input_dims(raw)
-        f = op_flops(name, dims)
+        f = op_flops(name, dims, concrete=parse_input_dims(craw) if craw is not None else None, seqs=seqs[pos])
         if f is None:
             continue
         flops[pos] += f
         count[pos] += 1
-        b = _op_bytes(dims, parse_input_dims(traw) if traw is not None else None, name)
+        b = op_bytes(dims, parse_input_dims(traw) if traw is not None else None)
         if b:
             nbytes[pos] += b
     return flops, nbytes, count
@@ -166,8 +109,10 @@ class AttainmentInputs:
     spec: ModelSpec | None = None
     spec_source: str | None = None
     peak: GpuPeak | None = None
-    weight_dtype: str = "bf16"
-    kv_dtype: str = "bf16"
+    weight_dtype: str | None = None  # None: the config's quantization_config (16-bit without one)
+    kv_dtype: str | None = None
+    tp: int = 1
+    tp_source: str | None = None
     batch: int | None = None
     context: int | None = None
     prompt_len: int | None = None
@@ -176,28 +121,11 @@ class AttainmentInputs:
 
 
 def _analytic_step(spec: ModelSpec, inp: AttainmentInputs, phase: str, batch, tokens, kv_tokens) -> tuple[float | None, float | None]:
-    """(flops, bytes) of one step from the model config, None where inputs are missing."""
-    wb = accounting.weight_bytes(spec, inp.weight_dtype)
-    kvb = accounting.kv_bytes_per_token(spec, inp.kv_dtype)
-    if phase == "decode":
-        if not batch:
-            return None, None
-        flops = 2 * spec.params_total * batch
-        if kv_tokens:
-            flops += 4 * spec.num_attention_heads * spec.head_dim * kv_tokens * spec.num_hidden_layers
-            return float(flops), float(wb + kv_tokens * kvb)
-        return float(flops), None
-    if phase == "prefill":
-        if not batch or not tokens:
-            return None, None
-        seq = max(1, tokens // batch)
-        pf = accounting.prefill_flops(spec, seq, batch, lm_head=inp.lm_head)
-        return float(pf.flops_total_causal), float(wb + tokens * kvb)
-    if phase == "mixed" and tokens:
-        flops = 2 * spec.params_total * tokens
-        by = wb + (tokens + (kv_tokens or 0)) * kvb
-        return float(flops), float(by)
-    return None, None
+    """(flops, bytes) of one step on one rank from the model config
+    (:func:`diagnose.accounting.step_cost`), None where inputs are missing."""
+    c = accounting.step_cost(spec, phase, batch=batch, tokens=tokens, kv_tokens=kv_tokens, weight_dtype=inp.weight_dtype,
+                             kv_dtype=inp.kv_dtype, tp=inp.tp, lm_head=inp.lm_head)
+    return (None if c.flops is None else float(c.flops)), (None if c.bytes is None else float(c.bytes))
 
 
 def _val(v):
@@ -230,7 +158,7 @@ def phase_attainment(phase: str, psteps: pd.DataFrame, inp: AttainmentInputs, gr
     if len(psteps) == 0:
         out["attainment_missing"] = ["steps"]
         return out
-    time_ns = psteps["wall_ns"].to_numpy(dtype=np.float64)
+    time_ns = psteps["own_ns"].to_numpy(dtype=np.float64)
     total_s = float(time_ns.sum()) / 1e9
     step_flops = np.full(len(psteps), np.nan)
     step_bytes = np.full(len(psteps), np.nan)
@@ -270,63 +198,39 @@ def phase_attainment(phase: str, psteps: pd.DataFrame, inp: AttainmentInputs, gr
             missing.append("bytes (no model config: give --model-config)")
         else:
             missing.append("bytes (batch/context unknown: give --batch and --context)")
-    flops = None if np.isnan(step_flops).any() else float(step_flops.sum())
-    nbytes = None if np.isnan(step_bytes).any() else float(step_bytes.sum())
-    out["flops"], out["bytes"] = flops, nbytes
-    if total_s > 0:
-        if flops is not None:
-            out["achieved_tflops"] = round(flops / total_s / 1e12, 6)
-        if nbytes is not None:
-            out["achieved_tbps"] = round(nbytes / total_s / 1e12, 6)
-    if flops is not None and nbytes:
-        out["arithmetic_intensity"] = round(flops / nbytes, 3)
     peak = inp.peak
     if peak is None:
         missing.append("peak (device not in the GPU table: give --gpu or --peak-tflops/--bandwidth-tbps)")
-    else:
-        out["peak_tflops"] = peak.dense_fp16_tflops
-        out["peak_tbps"] = peak.memory_bandwidth_tbps
-        if out["achieved_tflops"] is not None and peak.dense_fp16_tflops:
-            out["mfu"] = round(out["achieved_tflops"] / peak.dense_fp16_tflops, 6)
-        if out["achieved_tbps"] is not None and peak.memory_bandwidth_tbps:
-            out["mbu"] = round(out["achieved_tbps"] / peak.memory_bandwidth_tbps, 6)
-        ridge = peak.ridge_flop_per_byte
-        if out["arithmetic_intensity"] is not None and ridge:
-            out["bound"] = "compute" if out["arithmetic_intensity"] >= ridge else "memory"
-        if peak.dense_fp16_tflops and peak.memory_bandwidth_tbps and flops is not None and nbytes is not None:
-            lower = np.maximum(step_flops / (peak.dense_fp16_tflops * 1e12), step_bytes / (peak.memory_bandwidth_tbps * 1e12))
-            if lower.sum() > 0:
-                out["bound_ratio"] = round(total_s / float(lower.sum()), 4)
-                out["bound_s"] = float(lower.sum())
+    r = roofline(step_flops, step_bytes, total_s, peak)
+    out.update({k: getattr(r, k) for k in ("flops", "bytes", "achieved_tflops", "achieved_tbps", "mfu", "mbu",
+                                           "arithmetic_intensity", "bound", "bound_ratio", "peak_tflops", "peak_tbps")})
+    if r.bound_s is not None:
+        out["bound_s"] = r.bound_s
     out["attainment_missing"] = missing
     return out
 
 
 def _gpu_dict(peak) -> dict[str, Any] | None:
-    if peak is None:
-        return None
-    return {
-        "name": peak.name,
-        "peak_tflops": peak.dense_fp16_tflops,
-        "peak_tbps": peak.memory_bandwidth_tbps,
-        "ridge_flop_per_byte": peak.ridge_flop_per_byte,
-        "source": peak.source,
-        "overrides": list(peak.overrides),
-    }
+    return None if peak is None else peak.to_dict()
 
 
 def _model_dict(inp: AttainmentInputs) -> dict[str, Any] | None:
     if inp.spec is None:
         return None
     sp = inp.spec
+    w = accounting.model_weights(sp, inp.weight_dtype, inp.tp)
     return {
         "name": sp.name,
         "source": inp.spec_source,
         "params_total": sp.params_total,
+        "params_active_per_token": sp.params_active_per_token,
         "weight_dtype": inp.weight_dtype,
-        "weight_bytes": accounting.weight_bytes(sp, inp.weight_dtype),
+        "weight_format": w.weight_format,
+        "weight_bytes": w.bytes,
         "kv_dtype": inp.kv_dtype,
-        "kv_bytes_per_token": accounting.kv_bytes_per_token(sp, inp.kv_dtype),
+        "kv_bytes_per_token": accounting.kv_bytes_per_token(sp, inp.kv_dtype, tp=inp.tp),
+        "tp": inp.tp,
+        "tp_source": inp.tp_source,
     }
 
 
@@ -350,11 +254,21 @@ def attainment_inputs(trace: Trace, options, dev_list: list[dict], note) -> Atta
         try:
             inp.spec = ModelSpec.from_hf_config(meta["model_config"], name=meta["model_config"].get("_name_or_path") or "trace metadata")
             inp.spec_source = "trace metadata"
+        except accounting.UnsupportedModelConfig as e:
+            note("model_config_unsupported", f"the model config in trace metadata has {e.key!r}, which changes bytes or FLOPs in a "
+                 f"way not modelled ({e}): no analytic bound")
         except DiagnoseError as e:
             note("model_config_unusable", f"model config in trace metadata is unusable: {e}")
-    wd = options.weight_dtype or _DTYPE_ALIASES.get(str(meta.get("dtype", "")).lower()) or "bf16"
+    wd = options.weight_dtype or _DTYPE_ALIASES.get(str(meta.get("dtype", "")).lower())
     inp.weight_dtype = wd
-    inp.kv_dtype = options.kv_dtype or (wd if wd in ("fp32", "fp16", "bf16") else "bf16")
+    inp.kv_dtype = options.kv_dtype or (wd if wd in ("fp32", "fp16", "bf16") else None)
+    if options.tp:
+        inp.tp, inp.tp_source = options.tp, "--tp"
+    elif inp.spec is not None:
+        di = trace.metadata.get("distributedInfo") if isinstance(trace.metadata.get("distributedInfo"), dict) else {}
+        ws = di.get("world_size")
+        if isinstance(ws, int) and not isinstance(ws, bool) and ws > 1:
+            inp.tp, inp.tp_source = ws, "distributedInfo.world_size (every rank taken as tensor-parallel; give --tp otherwise)"
     if isinstance(meta.get("prefill_logits_positions"), int) and meta["prefill_logits_positions"] > 1:
         inp.lm_head = "all"  # a plain Hugging Face forward computes logits for every position
     name = dev_list[0]["name"] if dev_list else ""

@@ -129,6 +129,9 @@ FINDINGS = (
     Finding("<phase>.<category>_ms", "ms", "summed duration of the category (0 when absent)"),
     Finding("<phase>.<category>_share", "fraction", "category kernel time / kernel time, for " + ", ".join(SHARE_CATEGORIES)),
     Finding("<phase>.comm_share", "fraction", "communication (NCCL/RCCL...) kernel time / kernel time"),
+    Finding("<phase>.elementwise_norm_ms", "ms", "elementwise + norm kernel time (activations, RoPE, casts, copies, norms)"),
+    Finding("<phase>.elementwise_norm_share", "fraction", "elementwise + norm kernel time / kernel time"),
+    Finding("<phase>.top_category_share", "fraction", "the kernel category with the most kernel time: its share (label <phase>.top_category)"),
 )
 
 
@@ -144,3 +147,8 @@ def findings_of_phase(p: dict, out: dict) -> None:
     for c in SHARE_CATEGORIES:
         out[f"{n}.{c}_share"] = div(cats.get(c, 0.0), kernel_ms)
     out[f"{n}.comm_share"] = div(cats.get("communication", 0.0), kernel_ms)
+    en = cats.get("elementwise", 0.0) + cats.get("norm", 0.0)
+    out[f"{n}.elementwise_norm_ms"] = num(en)
+    out[f"{n}.elementwise_norm_share"] = div(en, kernel_ms)
+    kcats = {c: v for c, v in cats.items() if c not in ("memcpy", "memset")}
+    out[f"{n}.top_category_share"] = div(max(kcats.values()), kernel_ms) if kcats else None

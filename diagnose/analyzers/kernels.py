@@ -842,3 +842,30 @@ def kernel_records(table: pd.DataFrame, top: int | None = None) -> list[dict[str
             rec[c] = v
         out.append(rec)
     return out
+
+
+#: Rows of the kernel table in the JSON report (the notebook API keeps the whole table).
+KERNEL_TABLE_ROWS = 20
+FINDINGS = ()
+
+
+def run(ctx) -> None:
+    """The kernel table of the analysed trace: ``ctx.extra["kernel_table"]`` (top
+    :data:`KERNEL_TABLE_ROWS` rows, JSON-ready) and ``ctx.extra["_kernel_table"]`` (the whole
+    DataFrame). ``--capture-trace`` maps kernels replayed from CUDA graphs to ops and shapes.
+
+    Raises:
+        TraceFormatError: the capture trace cannot be read.
+    """
+    inp = ctx.attainment_inputs
+    capture = load_capture_mapping(ctx.options.capture_trace) if ctx.options.capture_trace else None
+    kt = kernel_table(ctx.trace, ctx.activities, inp.peak if inp is not None else None, capture, ctx.steps)
+    ctx.extra["_kernel_table"] = kt
+    rows = kernel_records(kt, KERNEL_TABLE_ROWS)
+    for r in rows:
+        for k, v in r.items():
+            if isinstance(v, float):
+                r[k] = round(v, 6)
+    ctx.extra["kernel_table"] = rows
+    if capture is not None:
+        ctx.extra["capture"] = {k: v for k, v in (kt.attrs.get("capture") or {}).items()} or {"path": ctx.options.capture_trace}

@@ -1,18 +1,25 @@
-"""Per-step wall times, TTFT proxy and TPOT percentiles.
+"""Per-step times, the TTFT proxy, TPOT and ITL percentiles.
 
-Definitions (README "Definitions"):
+Definitions (README "Definitions"; the step time model is :mod:`diagnose.analyzers.waits`):
 
-* **step wall time** = from the step marker's start (the host starts launching) to the later of
-  the marker's end and the end of the last GPU activity launched inside it ("launch to GPU
-  finish").
-* **TTFT proxy** = wall time of the first prefill step. It excludes tokenization, queueing and
+* **step wall time** (``wall_ns``) = from the step marker's start to the later of the
+  marker's end and the end of the last GPU activity launched inside it.
+* **step own time** (``own_ns``) = the step's GPU span minus the idle gaps inside it whose
+  cause is external to the step (cold start, profiler overhead, work not in the trace); the
+  CPU range for a step that launched no GPU work. A marker that starts long before its GPU
+  work (asynchronous scheduling, a blocking copy) does not inflate it.
+* **TTFT proxy** = own time of the first prefill step. It excludes tokenization, queueing and
   network, which a live service's TTFT also holds (domain.md §1).
-* **TPOT** samples = intervals between the completions of consecutive decode steps (the time
-  a user waits between two tokens of one request, vLLM's ITL). Prefill and mixed steps are
-  not samples, but an interval that spans one (a prefill interleaved with decode) keeps it:
-  that is the S5 spike. With a single decode step, its wall time is the only sample.
-  vLLM's benchmark TPOT, (latency - TTFT) / (n_out - 1), is the mean of these intervals.
-* Percentiles: numpy linear interpolation (same as vLLM's benchmark_serving).
+* **TPOT** samples = intervals between the completions (last GPU activity end) of
+  consecutive decode steps: the time a user waits between two tokens of one request. Prefill
+  and mixed steps are not samples, but an interval that spans one keeps it (the S5 spike).
+  With a single decode step, its own time is the only sample. vLLM's benchmark TPOT,
+  (latency - TTFT) / (n_out - 1), is the mean of these intervals.
+* **ITL** samples (vLLM's inter-token latency) = intervals between completions of
+  consecutive steps that give running requests a token: decode steps and mixed steps with
+  decode requests (their decode requests wait for the whole mixed step). With a single such
+  step, its own time.
+* Percentiles: numpy linear interpolation (as vLLM's benchmark_serving).
 """
 from __future__ import annotations
 
@@ -31,12 +38,13 @@ def step_table(steps: pd.DataFrame, activities: pd.DataFrame) -> pd.DataFrame:
     """Add GPU range and wall time to each step.
 
     Args:
-        steps: from :func:`diagnose.analyzers.phases.find_steps`.
+        steps: from :func:`diagnose.analyzers.phases.find_steps` (plus the step model's columns).
         activities: GPU activity frame with a ``step`` column (index into ``steps``, -1 none).
 
     Returns:
         ``steps`` plus gpu_start_ns, gpu_end_ns (NO_TIME when the step launched no GPU work),
-        activity_count, wall_ns, and device_activity_count ({device: count}).
+        activity_count, wall_ns, done_ns (completion: GPU end, else CPU end) and
+        device_activity_count ({device: count}).
     """
     steps = steps.reset_index(drop=True).copy()
     n = len(steps)
@@ -60,8 +68,16 @@ def step_table(steps: pd.DataFrame, activities: pd.DataFrame) -> pd.DataFrame:
     cpu_end = steps["end_ns"].to_numpy(dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
     cpu_start = steps["start_ns"].to_numpy(dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
     steps["wall_ns"] = np.maximum(cpu_end, ge) - cpu_start
+    steps["done_ns"] = np.where(ge != NO_TIME, ge, cpu_end)
     steps["device_activity_count"] = per_dev
     return steps
+
+
+def union_ns(start_ns: np.ndarray, end_ns: np.ndarray) -> int:
+    """Length of the union of intervals (a phase's wall time: overlapping steps count once)."""
+    from diagnose.analyzers.timeline import union_busy_ns
+
+    return union_busy_ns(np.asarray(start_ns, dtype=np.int64), np.asarray(end_ns, dtype=np.int64))
 
 
 def percentiles_ms(samples_ns: np.ndarray) -> dict[str, float | None]:
@@ -73,83 +89,105 @@ def percentiles_ms(samples_ns: np.ndarray) -> dict[str, float | None]:
     return {"p50": round(float(p50), 6), "p90": round(float(p90), 6), "p99": round(float(p99), 6), "mean": round(float(x.mean()), 6)}
 
 
-@dataclass
+TPOT_INTERVALS = "interval between completions of consecutive decode steps"
+TPOT_SINGLE = "single decode step: its own time (GPU span minus external waits)"
+ITL_INTERVALS = "interval between completions of consecutive decode or mixed steps with decode requests"
+ITL_SINGLE = "single step with decode requests: its own time"
+
+
+@dataclass(frozen=True)
 class LatencyFindings:
-    """TTFT proxy and TPOT distribution (ms), with the sample counts behind them."""
+    """TTFT proxy, TPOT and ITL distributions (ms), with the sample counts behind them."""
 
     ttft_ms: float | None = None
     ttft_samples: int = 0
     tpot_ms: dict[str, float | None] = field(default_factory=lambda: percentiles_ms(np.zeros(0)))
     tpot_samples: int = 0
-    tpot_definition: str = "interval between completions of consecutive decode steps"
+    tpot_definition: str = TPOT_INTERVALS
+    itl_ms: dict[str, float | None] = field(default_factory=lambda: percentiles_ms(np.zeros(0)))
+    itl_samples: int = 0
+    itl_definition: str = ITL_INTERVALS
     prefill_step_ms: dict[str, float | None] = field(default_factory=lambda: percentiles_ms(np.zeros(0)))
     decode_step_ms: dict[str, float | None] = field(default_factory=lambda: percentiles_ms(np.zeros(0)))
+    mixed_step_ms: dict[str, float | None] = field(default_factory=lambda: percentiles_ms(np.zeros(0)))
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
+def _intervals(done: np.ndarray, own: np.ndarray, single: str, several: str) -> tuple[np.ndarray, str]:
+    if len(done) >= 2:
+        return np.diff(np.sort(done)), several
+    if len(done) == 1:
+        return own, single
+    return np.zeros(0, dtype=np.int64), several
+
+
 def latency_findings(steps: pd.DataFrame) -> LatencyFindings:
-    """TTFT proxy and TPOT from a step table produced by :func:`step_table`."""
-    out = LatencyFindings()
+    """TTFT proxy, TPOT and ITL from a step table with ``done_ns`` and ``own_ns``."""
     if len(steps) == 0:
-        return out
+        return LatencyFindings()
     steps = steps.sort_values("start_ns", kind="stable")
-    done = np.maximum(steps["end_ns"].to_numpy(dtype=np.int64), steps["gpu_end_ns"].to_numpy(dtype=np.int64))
+    done = steps["done_ns"].to_numpy(dtype=np.int64)
+    own = steps["own_ns"].to_numpy(dtype=np.int64)
     phase = steps["phase"].to_numpy()
-    wall = steps["wall_ns"].to_numpy(dtype=np.int64)
-    pre = wall[phase == "prefill"]
-    if len(pre):
-        out.ttft_ms = round(float(pre[0]) / 1e6, 6)
-        out.ttft_samples = int(len(pre))
-        out.prefill_step_ms = percentiles_ms(pre)
-    dec_done = done[phase == "decode"]
-    dec_wall = wall[phase == "decode"]
-    if len(dec_done) >= 2:
-        samples = np.diff(dec_done)
-    elif len(dec_done) == 1:
-        samples = dec_wall
-        out.tpot_definition = "single decode step: its wall time (launch to GPU finish)"
-    else:
-        samples = np.zeros(0, dtype=np.int64)
-    out.tpot_ms = percentiles_ms(samples)
-    out.tpot_samples = int(len(samples))
-    out.decode_step_ms = percentiles_ms(dec_wall)
-    return out
+    dreq = pd.to_numeric(steps["decode_requests"], errors="coerce").to_numpy(dtype=np.float64) if "decode_requests" in steps else np.full(len(steps), np.nan)
+    pre = own[phase == "prefill"]
+    is_dec = phase == "decode"
+    tpot, tpot_def = _intervals(done[is_dec], own[is_dec], TPOT_SINGLE, TPOT_INTERVALS)
+    gives_token = is_dec | ((phase == "mixed") & ~(dreq == 0))
+    itl, itl_def = _intervals(done[gives_token], own[gives_token], ITL_SINGLE, ITL_INTERVALS)
+    return LatencyFindings(
+        ttft_ms=round(float(pre[0]) / 1e6, 6) if len(pre) else None,
+        ttft_samples=int(len(pre)),
+        tpot_ms=percentiles_ms(tpot), tpot_samples=int(len(tpot)), tpot_definition=tpot_def,
+        itl_ms=percentiles_ms(itl), itl_samples=int(len(itl)), itl_definition=itl_def,
+        prefill_step_ms=percentiles_ms(pre),
+        decode_step_ms=percentiles_ms(own[is_dec]),
+        mixed_step_ms=percentiles_ms(own[phase == "mixed"]),
+    )
 
 
 FINDINGS = (
     Finding("<phase>.steps", "count", "engine steps of the phase (all: every step)"),
-    Finding("<phase>.wall_ms", "ms", "sum of the phase's step wall times (launch to GPU finish); all: GPU window or CPU span"),
-    Finding("latency.ttft_ms", "ms", "TTFT proxy: wall time of the first prefill step"),
+    Finding("<phase>.wall_ms", "ms", "union of the phase's step wall intervals (marker start to the later of marker end and GPU end; overlaps once); all: GPU window or CPU span"),
+    Finding("<phase>.own_ms", "ms", "sum of the phase's step own times (GPU span minus external waits): the time base of MFU/MBU"),
+    Finding("latency.ttft_ms", "ms", "TTFT proxy: own time of the first prefill step"),
     Finding("latency.ttft_samples", "count", "prefill steps"),
-    Finding("latency.ttft_p50_ms", "ms", "p50 of prefill step wall times (TTFT proxy distribution)"),
-    Finding("latency.ttft_p90_ms", "ms", "p90 of prefill step wall times"),
-    Finding("latency.ttft_p99_ms", "ms", "p99 of prefill step wall times"),
-    Finding("latency.tpot_p50_ms", "ms", "p50 TPOT (interval between completions of consecutive decode steps)"),
+    Finding("latency.ttft_p50_ms", "ms", "p50 of prefill step own times (TTFT proxy distribution)"),
+    Finding("latency.ttft_p90_ms", "ms", "p90 of prefill step own times"),
+    Finding("latency.ttft_p99_ms", "ms", "p99 of prefill step own times"),
+    Finding("latency.tpot_p50_ms", "ms", "p50 TPOT (interval between completions of consecutive decode steps; a single step: its own time)"),
     Finding("latency.tpot_p90_ms", "ms", "p90 TPOT"),
     Finding("latency.tpot_p99_ms", "ms", "p99 TPOT"),
     Finding("latency.tpot_mean_ms", "ms", "mean TPOT"),
     Finding("latency.tpot_samples", "count", "TPOT samples"),
     Finding("latency.tpot_p99_over_p50", "ratio", "p99 TPOT / p50 TPOT"),
-    Finding("latency.prefill_step_p50_ms", "ms", "p50 prefill step wall time"),
-    Finding("latency.prefill_step_p90_ms", "ms", "p90 prefill step wall time"),
-    Finding("latency.prefill_step_p99_ms", "ms", "p99 prefill step wall time"),
-    Finding("latency.decode_step_p50_ms", "ms", "p50 decode step wall time"),
-    Finding("latency.decode_step_p90_ms", "ms", "p90 decode step wall time"),
-    Finding("latency.decode_step_p99_ms", "ms", "p99 decode step wall time"),
+    Finding("latency.itl_p50_ms", "ms", "p50 ITL (completions of decode steps and mixed steps with decode requests)"),
+    Finding("latency.itl_p90_ms", "ms", "p90 ITL"),
+    Finding("latency.itl_p99_ms", "ms", "p99 ITL"),
+    Finding("latency.itl_samples", "count", "ITL samples"),
+    Finding("latency.prefill_step_p50_ms", "ms", "p50 prefill step own time"),
+    Finding("latency.prefill_step_p90_ms", "ms", "p90 prefill step own time"),
+    Finding("latency.prefill_step_p99_ms", "ms", "p99 prefill step own time"),
+    Finding("latency.decode_step_p50_ms", "ms", "p50 decode step own time"),
+    Finding("latency.decode_step_p90_ms", "ms", "p90 decode step own time"),
+    Finding("latency.decode_step_p99_ms", "ms", "p99 decode step own time"),
     Finding("latency.decode_throughput_tok_s", "tokens/s", "median decode batch / p50 TPOT"),
     Finding("steps.count", "count", "engine steps (all phases)"),
     Finding("steps.prefill_count", "count", "prefill steps"),
     Finding("steps.decode_count", "count", "decode steps"),
     Finding("steps.mixed_count", "count", "mixed (chunked-prefill) steps"),
-    Finding("steps.prefill_max_wall_ms", "ms", "longest prefill step wall time"),
-    Finding("steps.prefill_p50_wall_ms", "ms", "median prefill step wall time"),
-    Finding("steps.decode_p50_wall_ms", "ms", "median decode step wall time"),
-    Finding("steps.decode_p99_wall_ms", "ms", "p99 decode step wall time"),
-    Finding("steps.decode_max_wall_ms", "ms", "longest decode step wall time"),
+    Finding("steps.prefill_max_ms", "ms", "longest prefill step own time"),
+    Finding("steps.prefill_p50_ms", "ms", "median prefill step own time"),
+    Finding("steps.decode_p50_ms", "ms", "median decode step own time"),
+    Finding("steps.decode_p99_ms", "ms", "p99 decode step own time"),
+    Finding("steps.decode_max_ms", "ms", "longest decode step own time"),
     Finding("steps.prefill_interleaved_count", "count", "prefill or mixed steps with a decode step before and after them"),
-    Finding("steps.prefill_interleaved_max_wall_ms", "ms", "longest such step (0 when none; None with fewer than 2 decode steps)"),
+    Finding("steps.prefill_interleaved_max_ms", "ms", "longest such step's own time (0 when none; None with fewer than 2 decode steps)"),
+    Finding("steps.mixed_max_ms", "ms", "longest mixed step's own time: its decode requests wait that long for their next token"),
+    Finding("steps.mixed_max_decode_requests", "requests", "decode requests in the longest mixed step (from vLLM's markers)"),
+    Finding("steps.mixed_max_tokens", "tokens", "tokens of the longest mixed step"),
     Finding("steps.decode_p50_batch", "sequences", "median batch of decode steps (from step markers)"),
     Finding("steps.decode_max_batch", "sequences", "largest decode batch"),
     Finding("steps.decode_p50_context", "tokens", "median context length of decode steps (from step markers)"),
@@ -158,14 +196,16 @@ FINDINGS = (
     Finding("steps.prefill_max_prompt_tokens", "tokens", "largest prompt length: prefill tokens / batch (tokens when batch unknown)"),
     Finding("steps.prefill_p50_prompt_tokens", "tokens", "median prompt length of prefill steps"),
     Finding("steps.with_gpu_count", "count", "steps that launched GPU work"),
-    Finding("steps.cpu_shorter_than_gpu_count", "count", "steps whose CPU range ends before their GPU work and is shorter than its GPU span"),
-    Finding("steps.cpu_shorter_than_gpu_share", "fraction", "cpu_shorter_than_gpu_count / with_gpu_count"),
-    Finding("steps.max_gpu_over_cpu", "ratio", "largest GPU span / CPU duration of a step"),
+    Finding("steps.user_timed_count", "count", "user-timed steps (--phase-regex markers) that launched GPU work"),
+    Finding("steps.cpu_shorter_than_gpu_count", "count", "user-timed steps whose CPU range ends before their GPU work and is shorter than its GPU span"),
+    Finding("steps.cpu_shorter_than_gpu_share", "fraction", "cpu_shorter_than_gpu_count / user_timed_count"),
+    Finding("steps.max_gpu_over_cpu", "ratio", "largest GPU span / CPU duration of a user-timed step"),
 )
 
 
 def run(ctx: Context) -> None:
-    """Add GPU ranges and wall times to the step table; TTFT proxy and TPOT (``ctx.latency``)."""
+    """Add GPU ranges, wall and completion times to the step table; TTFT proxy, TPOT and ITL
+    (``ctx.latency``)."""
     ctx.steps = step_table(ctx.steps, ctx.activities)
     ctx.latency = latency_findings(ctx.steps)
 
@@ -179,6 +219,7 @@ def findings_of_phase(p: dict, out: dict) -> None:
     n = p["name"]
     out[f"{n}.steps"] = num(p.get("steps"))
     out[f"{n}.wall_ms"] = num(p.get("wall_ms"))
+    out[f"{n}.own_ms"] = num(p.get("own_ms"))
 
 
 def findings(report: dict, device, out: dict) -> None:
@@ -188,14 +229,17 @@ def findings(report: dict, device, out: dict) -> None:
     out["latency.ttft_samples"] = num(lat.get("ttft_samples"))
     pre = lat.get("prefill_step_ms") or {}
     tp = lat.get("tpot_ms") or {}
+    itl = lat.get("itl_ms") or {}
     dec = lat.get("decode_step_ms") or {}
     for q in ("p50", "p90", "p99"):
         out[f"latency.ttft_{q}_ms"] = num(pre.get(q))
         out[f"latency.tpot_{q}_ms"] = num(tp.get(q))
+        out[f"latency.itl_{q}_ms"] = num(itl.get(q))
         out[f"latency.prefill_step_{q}_ms"] = num(pre.get(q))
         out[f"latency.decode_step_{q}_ms"] = num(dec.get(q))
     out["latency.tpot_mean_ms"] = num(tp.get("mean"))
     out["latency.tpot_samples"] = num(lat.get("tpot_samples"))
+    out["latency.itl_samples"] = num(lat.get("itl_samples"))
     out["latency.tpot_p99_over_p50"] = div(tp.get("p99"), tp.get("p50"))
     _step_findings(list(report.get("steps") or []), out)
     out["latency.decode_throughput_tok_s"] = (
@@ -205,35 +249,37 @@ def findings(report: dict, device, out: dict) -> None:
 
 
 def _step_findings(steps: list[dict], out: dict) -> None:
-    def wall_ms(s):
-        w = num(s.get("wall_ns"))
-        return None if w is None else w / 1e6
-
     steps = sorted(steps, key=lambda s: (num(s.get("start_ns")) or 0))
     by = {ph: [s for s in steps if s.get("phase") == ph] for ph in ("prefill", "decode", "mixed")}
     out["steps.count"] = len(steps)
     for ph in ("prefill", "decode", "mixed"):
         out[f"steps.{ph}_count"] = len(by[ph])
-    pw = [w for w in (wall_ms(s) for s in by["prefill"]) if w is not None]
-    dw = [w for w in (wall_ms(s) for s in by["decode"]) if w is not None]
-    out["steps.prefill_max_wall_ms"] = max(pw) if pw else None
-    out["steps.prefill_p50_wall_ms"] = _pct(pw, 50)
-    out["steps.decode_p50_wall_ms"] = _pct(dw, 50)
-    out["steps.decode_p99_wall_ms"] = _pct(dw, 99)
-    out["steps.decode_max_wall_ms"] = max(dw) if dw else None
+    pw = [w for w in (num(s.get("own_ms")) for s in by["prefill"]) if w is not None]
+    dw = [w for w in (num(s.get("own_ms")) for s in by["decode"]) if w is not None]
+    out["steps.prefill_max_ms"] = max(pw) if pw else None
+    out["steps.prefill_p50_ms"] = _pct(pw, 50)
+    out["steps.decode_p50_ms"] = _pct(dw, 50)
+    out["steps.decode_p99_ms"] = _pct(dw, 99)
+    out["steps.decode_max_ms"] = max(dw) if dw else None
 
     # Prefill (or mixed) steps with a decode step both before and after them (S5).
     phases = [s.get("phase") for s in steps]
     dec_idx = [i for i, ph in enumerate(phases) if ph == "decode"]
     if len(dec_idx) >= 2:
         lo, hi = dec_idx[0], dec_idx[-1]
-        inter = [wall_ms(steps[i]) for i in range(lo + 1, hi) if phases[i] in ("prefill", "mixed")]
+        inter = [num(steps[i].get("own_ms")) for i in range(lo + 1, hi) if phases[i] in ("prefill", "mixed")]
         inter = [w for w in inter if w is not None]
         out["steps.prefill_interleaved_count"] = len(inter)
-        out["steps.prefill_interleaved_max_wall_ms"] = max(inter) if inter else 0.0
+        out["steps.prefill_interleaved_max_ms"] = max(inter) if inter else 0.0
     else:
         out["steps.prefill_interleaved_count"] = 0
-        out["steps.prefill_interleaved_max_wall_ms"] = None
+        out["steps.prefill_interleaved_max_ms"] = None
+
+    mixed = [s for s in by["mixed"] if num(s.get("own_ms")) is not None]
+    longest = max(mixed, key=lambda s: num(s.get("own_ms"))) if mixed else None
+    out["steps.mixed_max_ms"] = num(longest.get("own_ms")) if longest else None
+    out["steps.mixed_max_decode_requests"] = num(longest.get("decode_requests")) if longest else None
+    out["steps.mixed_max_tokens"] = num(longest.get("tokens")) if longest else None
 
     db = [b for b in (num(s.get("batch")) for s in by["decode"]) if b is not None]
     dc = [c for c in (num(s.get("context")) for s in by["decode"]) if c is not None]
@@ -251,8 +297,10 @@ def _step_findings(steps: list[dict], out: dict) -> None:
     out["steps.prefill_max_prompt_tokens"] = max(prompts) if prompts else None
     out["steps.prefill_p50_prompt_tokens"] = _pct(prompts, 50)
 
-    # Timed CPU regions shorter than the GPU work they launched (S7).
-    with_gpu = shorter = 0
+    # User-timed CPU regions shorter than the GPU work they launched (S7). Engine step
+    # markers (vLLM, SGLang, this project's collector) end before their GPU work by design
+    # (asynchronous launch); only regions the user timed themselves (--phase-regex) count.
+    with_gpu = timed = shorter = 0
     ratios = []
     for s in steps:
         cs, ce = num(s.get("start_ns")), num(s.get("end_ns"))
@@ -260,12 +308,16 @@ def _step_findings(steps: list[dict], out: dict) -> None:
         if None in (cs, ce, gs, ge) or s.get("scope", "cpu") != "cpu":
             continue
         with_gpu += 1
+        if not str(s.get("grammar") or "").startswith("user:"):
+            continue
+        timed += 1
         cpu, gpu = ce - cs, ge - gs
         if ce < ge and cpu < gpu:
             shorter += 1
         if cpu > 0:
             ratios.append(gpu / cpu)
     out["steps.with_gpu_count"] = with_gpu
-    out["steps.cpu_shorter_than_gpu_count"] = shorter if with_gpu else None
-    out["steps.cpu_shorter_than_gpu_share"] = shorter / with_gpu if with_gpu else None
+    out["steps.user_timed_count"] = timed
+    out["steps.cpu_shorter_than_gpu_count"] = shorter if timed else None
+    out["steps.cpu_shorter_than_gpu_share"] = shorter / timed if timed else None
     out["steps.max_gpu_over_cpu"] = max(ratios) if ratios else None

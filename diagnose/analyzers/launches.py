@@ -30,9 +30,10 @@ def link_launches(trace: Trace) -> pd.DataFrame:
     """Per GPU activity (aligned with ``trace.gpu``): its launch call's start/end/api_kind.
 
     Returns:
-        DataFrame with launch_start_ns, launch_end_ns (-1 when no launch call shares the
+        DataFrame with launch_start_ns, launch_end_ns (NO_TIME when no launch call shares the
         activity's correlation id), launch_kind (api_kind or ""), graph_followup (bool: an
-        earlier activity on the same device came from the same graph launch).
+        earlier activity on the same device came from the same graph launch), launch_tid
+        (the launching host thread, -1 when unknown).
     """
     gpu = trace.gpu
     n = len(gpu)
@@ -42,6 +43,7 @@ def link_launches(trace: Trace) -> pd.DataFrame:
             "launch_end_ns": np.full(n, NO_TIME, dtype=np.int64),
             "launch_kind": np.full(n, "", dtype=object),
             "graph_followup": np.zeros(n, dtype=bool),
+            "launch_tid": np.full(n, -1, dtype=np.int64),
         }
     )
     rt = trace.runtime
@@ -64,6 +66,7 @@ def link_launches(trace: Trace) -> pd.DataFrame:
     out.loc[found, "launch_start_ns"] = rt["start_ns"].to_numpy()[hit]
     out.loc[found, "launch_end_ns"] = rt["end_ns"].to_numpy()[hit]
     out.loc[found, "launch_kind"] = rt["api_kind"].to_numpy(dtype=object)[hit]
+    out.loc[found, "launch_tid"] = rt["tid"].to_numpy()[hit]
     # Fan-out: several activities share one launch correlation (graph replay). The first one
     # (in time, per device) carries the launch; later ones are inside the replay.
     key = pd.DataFrame({"device": gpu["device"].to_numpy(), "corr": corr, "start": gpu["start_ns"].to_numpy()})
@@ -126,10 +129,33 @@ def run(ctx: Context) -> None:
     unlinked = int((kind == "").sum())
     if unlinked:
         ctx.note("unlinked_kernels", f"{unlinked} of {len(gpu)} GPU activities have no host launch call with their correlation id; gaps before them are 'unattributed'", unlinked)
+    _clock_skew(ctx, launches)
     graph = kind == "graph_launch"
     if graph.any():
         n_launch = int(pd.unique(gpu["correlation"].to_numpy()[graph]).size)
         ctx.note("graph_kernels_no_launch", f"{int(graph.sum())} kernels replayed from {n_launch} graph launch(es): no per-kernel launch call; op-level attribution unavailable for them", int(graph.sum()))
+
+
+#: A GPU activity that starts this long before its launch call starts cannot be real: clock
+#: skew (a kernel may start before its launch call *returns*, never before it begins).
+SKEW_MIN_NS = 1_000
+
+
+def _clock_skew(ctx: Context, launches: pd.DataFrame) -> None:
+    """Activities that start before their launch call starts (kineto#1380): estimate the skew
+    per device (median of those differences) and mark them (``launches["clock_skewed"]``) so
+    the gaps before them are unattributed, never launch gaps."""
+    gpu = ctx.trace.gpu
+    ls = launches["launch_start_ns"].to_numpy()
+    early = (ls != NO_TIME) & (gpu["start_ns"].to_numpy() < ls - SKEW_MIN_NS)
+    launches["clock_skewed"] = early
+    if not early.any():
+        return
+    diff = (ls - gpu["start_ns"].to_numpy())[early]
+    dev = gpu["device"].to_numpy()[early]
+    est = ", ".join(f"device {int(d)}: {float(np.median(diff[dev == d])) / 1e3:.1f} µs" for d in np.unique(dev))
+    ctx.note("clock_skew", f"{int(early.sum())} GPU activities start before their launch call starts (host/device clock skew; "
+             f"median lead {est}): the gaps before them are unattributed, never launch gaps", int(early.sum()))
 
 
 def findings(report: dict, device: Any, out: dict) -> None:

@@ -107,25 +107,49 @@ def match_marker(name: str, grammars) -> dict | None:
         kv_tokens = _int(gd, "kv_tokens")
         if kv_tokens is None and phase == "decode" and batch and context:
             kv_tokens = batch * context
+        tokens = _int(gd, "tokens")
+        ptok, dtok = _int(gd, "prefill_tokens"), _int(gd, "decode_tokens")
+        if tokens is None and ptok is not None and dtok is not None:
+            tokens = ptok + dtok
+        npf = _int(gd, "n_prefill")
+        ndc = _int(gd, "n_decode")
+        if npf is None:  # markers without request counts: the whole batch is of the step's phase
+            npf = batch if phase == "prefill" else 0 if phase == "decode" else None
+            ndc = batch if phase == "decode" else 0 if phase == "prefill" else None
         return {
             "phase": phase,
             "grammar": g.name,
             "batch": batch,
-            "tokens": _int(gd, "tokens"),
+            "tokens": tokens,
             "context": context,
             "kv_tokens": kv_tokens,
+            "prefill_requests": npf,
+            "decode_requests": ndc,
         }
     return None
 
 
-STEP_COLUMNS = ["name", "phase", "grammar", "start_ns", "end_ns", "batch", "tokens", "context", "kv_tokens", "scope"]
+STEP_COLUMNS = ["name", "phase", "grammar", "start_ns", "end_ns", "batch", "tokens", "context", "kv_tokens",
+                "prefill_requests", "decode_requests", "scope", "anchor_ns"]
+_FILL = ("batch", "tokens", "context", "kv_tokens", "prefill_requests", "decode_requests")
+CONTAINER_COLUMNS = ["name", "phase", "start_ns", "end_ns"]
 
 
-def find_steps(trace: Trace, extra: list[Grammar] | None = None) -> pd.DataFrame:
-    """Step table from annotations: one row per (outermost) step marker, sorted by start.
+def find_steps(trace: Trace, extra: list[Grammar] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Step table from annotations: one row per innermost step marker, sorted by start.
 
-    Columns: name, phase, grammar, start_ns, end_ns (CPU range, or GPU range when only
-    GPU-side annotations carry the markers), batch, tokens, context (nullable ints), scope.
+    A step is the innermost marker: SGLang's ``step[...]`` inside vLLM's ``execute_...``, a
+    user marker inside another. An outer marker that contains steps is a *container*: its
+    numbers (batch, tokens...) fill what the inner marker lacks, GPU work launched in it but
+    in no inner step keeps the container's phase, and the first step of a container waits
+    from the container's start (``anchor_ns``: where the step's waits before its GPU span
+    begin).
+
+    Returns:
+        (steps, containers). steps columns: :data:`STEP_COLUMNS` (name, phase, grammar,
+        start_ns, end_ns: the CPU range, or the GPU range when only GPU-side annotations carry
+        the markers; batch, tokens, context, kv_tokens, prefill_requests, decode_requests:
+        nullable ints; scope; anchor_ns). containers: name, phase, start_ns, end_ns.
     """
     grammars = list(extra or []) + list(builtin_grammars())
     ann = trace.annotations
@@ -147,18 +171,32 @@ def find_steps(trace: Trace, extra: list[Grammar] | None = None) -> pd.DataFrame
             rows.append({"name": str(uniques[c]), "start_ns": int(st_), "end_ns": int(en_), "scope": scope, **matched[c]})
         break  # CPU markers win; GPU-side copies of the same ranges are not extra steps
     if not rows:
-        return pd.DataFrame(columns=STEP_COLUMNS)
+        return pd.DataFrame(columns=STEP_COLUMNS), pd.DataFrame(columns=CONTAINER_COLUMNS)
     rows.sort(key=lambda r: (r["start_ns"], -r["end_ns"]))
-    kept: list[dict] = []
+    stack: list[dict] = []
     for r in rows:
-        if kept and r["start_ns"] >= kept[-1]["start_ns"] and r["end_ns"] <= kept[-1]["end_ns"]:
-            outer = kept[-1]
-            for k in ("batch", "tokens", "context", "kv_tokens"):
-                if outer.get(k) is None and r.get(k) is not None:
-                    outer[k] = r[k]
+        while stack and not (r["start_ns"] >= stack[-1]["start_ns"] and r["end_ns"] <= stack[-1]["end_ns"]):
+            stack.pop()
+        r["_parents"] = list(stack)
+        r["_children"] = 0
+        if stack:
+            stack[-1]["_children"] += 1
+        stack.append(r)
+    steps, containers = [], []
+    for r in rows:
+        if r["_children"]:
+            containers.append({k: r[k] for k in CONTAINER_COLUMNS})
             continue
-        kept.append(r)
-    return pd.DataFrame(kept)[STEP_COLUMNS]
+        r["anchor_ns"] = r["start_ns"]
+        for outer in reversed(r["_parents"]):
+            for k in _FILL:
+                if r.get(k) is None and outer.get(k) is not None:
+                    r[k] = outer[k]
+            if not outer.get("_anchored"):  # the first step of a container waits from its start
+                outer["_anchored"] = True
+                r["anchor_ns"] = min(r["anchor_ns"], outer["start_ns"])
+        steps.append(r)
+    return pd.DataFrame(steps)[STEP_COLUMNS], pd.DataFrame(containers, columns=CONTAINER_COLUMNS)
 
 
 _ATTN_OPS = {
@@ -187,14 +225,16 @@ def _shape_ops(trace: Trace) -> pd.DataFrame:
     return cached
 
 
-def shape_votes(trace: Trace, start_ns: int, end_ns: int) -> tuple[set[str], int | None, int | None, int | None]:
+def shape_votes(trace: Trace, start_ns: int, end_ns: int, batch_hint: int | None = None) -> tuple[set[str], int | None, int | None, int | None]:
     """Phase evidence from operator shapes inside [start_ns, end_ns].
 
     Rules (domain.md §1): ``aten::linear`` input [B, S, H]: S == 1 -> decode, S > 1 -> prefill.
     Attention (SDPA ops: q [B, H, Sq, D] vs k [B, Hk, Sk, D]; batched matmuls
     [..., Sq, D] x [..., D, Sk]): Sq == Sk > 1 -> prefill (self-attention over the prompt);
     Sq < Sk with Sq <= 16 -> decode (a few new tokens against cached keys). 2-D linears
-    ([tokens, H], as vLLM-style engines flatten the batch) carry no phase evidence.
+    ([tokens, H], as vLLM-style engines flatten the batch) carry no phase evidence of their
+    own; with ``batch_hint`` (``--batch``, or the engine's markers or metadata) M tokens
+    against B sequences read as decode when M == B and prefill when M is a multiple k > 1 of B.
 
     Returns:
         (votes, batch, seq_len, context): the phases voted for; B and S of the first 3-D
@@ -248,6 +288,13 @@ def shape_votes(trace: Trace, start_ns: int, end_ns: int) -> tuple[set[str], int
         context = bmm_context
     if batch is None and flat_m is not None and votes == {"decode"}:
         batch, seq = flat_m, 1
+    if not votes and flat_m is not None and batch_hint:
+        if flat_m == batch_hint:
+            votes.add("decode")
+            batch, seq = flat_m, 1
+        elif flat_m > batch_hint and flat_m % batch_hint == 0:
+            votes.add("prefill")
+            batch, seq = batch_hint, flat_m // batch_hint
     return votes, batch, seq, context
 
 
@@ -261,7 +308,7 @@ def _backward_starts(trace: Trace) -> np.ndarray:
     return ops["start_ns"].to_numpy()[is_bw[codes]] if len(uniques) else np.zeros(0, dtype=np.int64)
 
 
-def steps_from_shapes(trace: Trace) -> pd.DataFrame:
+def steps_from_shapes(trace: Trace, batch_hint: int | None = None) -> pd.DataFrame:
     """Fallback step table from operator shapes, one step per ProfilerStep (or the whole trace).
 
     A window gets a phase when the evidence of :func:`shape_votes` is unanimous; windows with
@@ -288,13 +335,13 @@ def steps_from_shapes(trace: Trace) -> pd.DataFrame:
     for name, s, e in windows:
         if len(backward) and np.any((backward >= s) & (backward <= e)):
             continue  # a training step (autograd backward ran): not prefill or decode
-        votes, b, sl, ctx = shape_votes(trace, s, e)
+        votes, b, sl, ctx = shape_votes(trace, s, e, batch_hint)
         if len(votes) != 1:
             continue
         rows.append(
             {"name": name, "phase": votes.pop(), "grammar": "shapes", "start_ns": s, "end_ns": e,
              "batch": b, "tokens": b * sl if b is not None and sl is not None else None, "context": ctx,
-             "kv_tokens": None, "scope": "cpu"}
+             "kv_tokens": None, "prefill_requests": None, "decode_requests": None, "scope": "cpu", "anchor_ns": s}
         )
     return pd.DataFrame(rows, columns=STEP_COLUMNS)
 
@@ -327,9 +374,9 @@ FINDINGS = ()
 def run(ctx: Context) -> None:
     """The step table from markers (``--phase-regex`` first), else from operator shapes."""
     trace = ctx.trace
-    steps = find_steps(trace, user_grammars(ctx.options.phase_regex))
+    steps, containers = find_steps(trace, user_grammars(ctx.options.phase_regex))
     if len(steps) == 0:
-        steps = steps_from_shapes(trace)
+        steps = steps_from_shapes(trace, ctx.options.batch)
         if len(steps):
             ctx.note("phases_from_shapes", "no step markers: phases inferred from aten::linear shapes ([B,1,H] decode, [B,S>1,H] prefill)")
         elif len(_backward_starts(trace)):
@@ -337,3 +384,4 @@ def run(ctx: Context) -> None:
         else:
             ctx.note("missing_markers", "no step markers and no usable shapes: phase is 'unknown' (use --phase-regex PHASE=REGEX)")
     ctx.steps = steps
+    ctx.extra["_containers"] = containers

@@ -12,13 +12,50 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analyzers.attainment import NO_ATTAINMENT, phase_attainment
-from diagnose.analyzers.base import Context
+from diagnose.analyzers.base import Context, Finding
+from diagnose.analyzers.latency import union_ns
 from diagnose.analyzers.result import PhaseResult
-from diagnose.analyzers.timeline import analyze_gaps, gap_distribution
+from diagnose.analyzers.timeline import analyze_gaps, gap_distribution, union_busy_ns
+from diagnose.analyzers.waits import (
+    Gaps,
+    HostIndex,
+    _launch_names,
+    attribute,
+    idle_by_cause_ms,
+    launch_end_for_gaps,
+    longest,
+    reclassify_late_launches,
+)
+from diagnose.numeric import div, num
 from diagnose.trace.model import NO_TIME, Trace
 from diagnose.vocab import CATEGORIES, STEP_PHASES
 
-FINDINGS = ()
+#: Kernels shorter than this are "small": each costs about as much to launch as to run
+#: (a launch is ~5-10 µs of host time; project default, rationale in rules/small-kernel-tax.yaml).
+SMALL_KERNEL_NS = 15_000
+
+FINDINGS = (
+    Finding("<phase>.small_kernel_ms", "ms", "summed duration of kernels shorter than 15 µs"),
+    Finding("<phase>.small_kernel_count", "count", "kernels shorter than 15 µs"),
+    Finding("<phase>.small_kernel_share", "fraction", "small-kernel time / GPU window"),
+    Finding("<phase>.h2d_ms", "ms", "host-to-device copy time (memcpy HtoD)"),
+    Finding("<phase>.h2d_share", "fraction", "host-to-device copy time / GPU window"),
+    Finding("<phase>.comm_exposed_ms", "ms", "time only communication kernels ran (not hidden behind compute)"),
+    Finding("<phase>.comm_exposed_share", "fraction", "exposed communication / GPU window"),
+    Finding("<phase>.top_kernel_share", "fraction", "the costliest kernel's share of the phase's kernel time"),
+)
+
+
+def findings_of_phase(p: dict, out: dict) -> None:
+    n = p["name"]
+    for k in ("small_kernel_ms", "small_kernel_count", "h2d_ms", "comm_exposed_ms"):
+        out[f"{n}.{k}"] = num(p.get(k))
+    w = p.get("window_ms")
+    out[f"{n}.small_kernel_share"] = div(p.get("small_kernel_ms"), w)
+    out[f"{n}.h2d_share"] = div(p.get("h2d_ms"), w)
+    out[f"{n}.comm_exposed_share"] = div(p.get("comm_exposed_ms"), w)
+    top = p.get("top_kernels") or []
+    out[f"{n}.top_kernel_share"] = num(top[0].get("share")) if top else None
 
 
 def _r(x: float | None, nd: int = 6) -> float | None:
@@ -26,15 +63,23 @@ def _r(x: float | None, nd: int = 6) -> float | None:
 
 
 def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, wall_ns: int, unreliable: tuple[str, ...] = (),
-                attainment: dict[str, Any] | None = None) -> PhaseResult:
-    """Timeline, category and top-kernel numbers of one phase on one device (``sub``: its activities)."""
+                attainment: dict[str, Any] | None = None, own_ns: int | None = None, host: HostIndex | None = None,
+                t0: int = 0, launch_names: np.ndarray | None = None) -> PhaseResult:
+    """Timeline, category, gap-cause and top-kernel numbers of one phase on one device
+    (``sub``: its activities; ``host``: what the host did, for the gap causes)."""
     gaps = analyze_gaps(
         sub["start_ns"].to_numpy(),
         sub["end_ns"].to_numpy(),
-        sub["launch_end_ns"].to_numpy(),
+        launch_end_for_gaps(sub),
         sub["graph_followup"].to_numpy(),
-        sub["name"].to_numpy(),
     )
+    tids = sub["launch_tid"].to_numpy()[gaps.order] if len(sub) else np.zeros(0, dtype=np.int64)
+    names = sub["name"].to_numpy(dtype=object)[gaps.order] if len(sub) else np.zeros(0, dtype=object)
+    lnames = launch_names[gaps.order] if launch_names is not None and len(sub) else None
+    host = host or HostIndex()
+    cause, cover = attribute(gaps.gap_start, gaps.gap_end, gaps.gap_kind, tids[gaps.gap_next] if len(gaps.gap_next) else tids[:0], host)
+    reclassify_late_launches(gaps, cause)
+    cg = Gaps(gaps.gap_start, gaps.gap_end, gaps.gap_kind, cause, gaps.gap_next, cover)
     dur = (sub["end_ns"] - sub["start_ns"]).to_numpy()
     cat_id = sub["category_id"].to_numpy()
     # per category: sums exact in float64 below 2**53 ns (104 days)
@@ -43,6 +88,13 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
     categories_ms = {c: round(float(per_cat[i]) / 1e6, 6) for i, c in enumerate(CATEGORIES) if present[i]}
     is_kernel = (sub["kind"] == "kernel").to_numpy()
     kernel_ns = int(dur[is_kernel].sum())
+    small = is_kernel & (dur < SMALL_KERNEL_NS)
+    h2d = (sub["kind"] == "memcpy").to_numpy() & np.array(["HtoD" in str(n) or "Host -> Device" in str(n) for n in sub["name"].to_numpy(dtype=object)], dtype=bool) if len(sub) else np.zeros(0, dtype=bool)
+    comm = cat_id == CATEGORIES.index("communication")
+    comm_exposed_ns = 0
+    if comm.any():
+        s_all, e_all = sub["start_ns"].to_numpy(), sub["end_ns"].to_numpy()
+        comm_exposed_ns = gaps.busy_ns - union_busy_ns(s_all[~comm], e_all[~comm])
     attn_ns = int(dur[is_kernel & (cat_id == CATEGORIES.index("attention"))].sum())
     top = []
     if is_kernel.any():
@@ -66,13 +118,16 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
         "all": gap_distribution(gaps.all_gaps_ns),
         "ms_by_kind": {k: round(v / 1e6, 6) for k, v in gaps.gap_ns_by_kind.items()},
         "count_by_kind": dict(gaps.gap_count_by_kind),
-        "top": gaps.top,
+        "longest": longest(cg, host, tids[cg.next_idx] if len(cg.next_idx) else tids[:0],
+                           names[cg.next_idx] if len(cg.next_idx) else names[:0],
+                           lnames[cg.next_idx] if lnames is not None and len(cg.next_idx) else None, t0),
     }
     return PhaseResult(
         name=name,
         device=device,
         steps=n_steps,
         wall_ms=round(wall_ns / 1e6, 6),
+        own_ms=None if own_ns is None else round(own_ns / 1e6, 6),
         window_ms=round(gaps.window_ns / 1e6, 6),
         gpu_busy_ms=round(gaps.busy_ns / 1e6, 6),
         gpu_idle_share=_r(gaps.idle_share),
@@ -83,6 +138,11 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
         activity_count=int(len(sub)),
         categories_ms=categories_ms,
         gaps=gap_info,
+        idle_by_cause_ms=idle_by_cause_ms(cg),
+        small_kernel_ms=round(float(dur[small].sum()) / 1e6, 6),
+        small_kernel_count=int(small.sum()),
+        h2d_ms=round(float(dur[h2d].sum()) / 1e6, 6),
+        comm_exposed_ms=round(comm_exposed_ns / 1e6, 6),
         top_kernels=top,
         attainment=dict(attainment if attainment is not None else NO_ATTAINMENT),
         unreliable=tuple(unreliable),
@@ -92,6 +152,9 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
 
 def run(ctx: Context) -> None:
     trace, g, steps = ctx.trace, ctx.activities, ctx.steps
+    host, t0 = ctx.extra.get("_host"), ctx.extra.get("_t0", 0)
+    lnames_all = _launch_names(trace, g)
+    kw = {"host": host, "t0": t0}
     unreliable = tuple(ctx.extra.get("_unreliable", ()))
     graph_steps = ctx.extra.get("_graph_steps")
     devices_present = [d["id"] for d in ctx.devices]
@@ -101,10 +164,12 @@ def run(ctx: Context) -> None:
         sub_all = g[g["device"] == dev] if dev is not None else g.iloc[0:0]
         dev_steps = steps if dev is None else steps[steps["device_activity_count"].apply(lambda m: dev in m)]
         all_wall = _all_wall_ns(sub_all, dev_steps) if (len(sub_all) or len(dev_steps)) else _cpu_span_ns(trace)
-        phases.append(phase_stats("all", dev, sub_all, len(steps), all_wall, unreliable))
+        ln_all = lnames_all[(g["device"] == dev).to_numpy()] if dev is not None else lnames_all[:0]
+        phases.append(phase_stats("all", dev, sub_all, len(steps), all_wall, unreliable, launch_names=ln_all, **kw))
         for p in phase_names:
             ps = steps[steps["phase"] == p] if dev is None else dev_steps[dev_steps["phase"] == p]
-            sub = sub_all[sub_all["phase"] == p]
+            pm = (sub_all["phase"] == p).to_numpy()
+            sub = sub_all[pm]
             if dev is not None and len(ps) == 0 and len(sub) == 0:
                 continue
             att = phase_attainment(p, ps, ctx.attainment_inputs, graph_steps[ps.index.to_numpy()])
@@ -112,14 +177,19 @@ def run(ctx: Context) -> None:
             cov = att.get("forward_coverage")
             if cov is not None and cov < 0.5:
                 unrel += ["mbu", "mfu", "bound_ratio", "achieved_tbps", "achieved_tflops", "arithmetic_intensity"]
-                ctx.note("partial_forward", f"{p}: the operators in the step windows account for {cov:.0%} of the model config's FLOPs: the trace covers part of a forward, so bytes from the config overstate the work and MBU/bound_ratio are too high")
+                ctx.note("fragment", f"{p}: the operators in the step windows account for {cov:.0%} of the model config's FLOPs: "
+                         "the window holds part of a forward, so TPOT, MBU and the bound ratio cannot be read from it "
+                         "(launch gaps and idle time still can)")
             if att.get("achieved_tbps") and att.get("peak_tbps") and att["achieved_tbps"] > att["peak_tbps"]:
                 ctx.note("bandwidth_above_peak", f"{p}: achieved {att['achieved_tbps']:.2f} TB/s exceeds the device peak {att['peak_tbps']:.2f} TB/s: wrong peak, wrong model config, or a timing without synchronisation (S7)")
-            phases.append(phase_stats(p, dev, sub, len(ps), int(ps["wall_ns"].sum()), tuple(unrel), att))
-        unk = sub_all[sub_all["phase"] == "unknown"]
+            wall = union_ns(ps["start_ns"].to_numpy(), ps["start_ns"].to_numpy() + ps["wall_ns"].to_numpy())
+            phases.append(phase_stats(p, dev, sub, len(ps), wall, tuple(unrel), att, own_ns=int(ps["own_ns"].sum()),
+                                      launch_names=ln_all[pm], **kw))
+        um = (sub_all["phase"] == "unknown").to_numpy()
+        unk = sub_all[um]
         if len(unk):
             wall = int(unk["end_ns"].max() - unk["start_ns"].min())
-            phases.append(phase_stats("unknown", dev, unk, 0, wall))
+            phases.append(phase_stats("unknown", dev, unk, 0, wall, launch_names=ln_all[um], **kw))
     ctx.phases = phases
 
 

@@ -13,7 +13,7 @@ import pandas as pd
 
 from diagnose.trace.model import NO_TIME, QualityIssue
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class PhaseResult:
     device: int | None
     steps: int
     wall_ms: float
+    own_ms: float | None
     window_ms: float
     gpu_busy_ms: float
     gpu_idle_share: float | None
@@ -38,6 +39,11 @@ class PhaseResult:
     activity_count: int
     categories_ms: dict[str, float]
     gaps: dict[str, Any]
+    idle_by_cause_ms: dict[str, float]
+    small_kernel_ms: float
+    small_kernel_count: int
+    h2d_ms: float
+    comm_exposed_ms: float
     top_kernels: list[dict[str, Any]]
     attainment: dict[str, Any] = field(default_factory=dict)
     unreliable: tuple[str, ...] = ()
@@ -75,6 +81,8 @@ class Analysis:
     activities: pd.DataFrame | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     trace: Any = None
+    host_index: Any = None  # what the host did per thread (waits.HostIndex): the app draws gap causes with it
+    internal: dict[str, Any] = field(default_factory=dict)  # analyzer results not in the report (the whole kernel table, t0)
     _dict: dict[str, Any] | None = field(default=None, repr=False)
 
     def phase(self, name: str, device: int | None = None) -> PhaseResult | None:

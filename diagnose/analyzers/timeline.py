@@ -96,7 +96,12 @@ def classify_gaps(
 
 @dataclass
 class GapStats:
-    """Idle gaps of one device/phase. Times in ns; shares are fractions of ``window_ns``."""
+    """Idle gaps of one device/phase. Times in ns; shares are fractions of ``window_ns``.
+
+    ``gap_start``/``gap_end``/``gap_kind`` (GAP_KINDS codes)/``gap_next`` describe every gap
+    (a launch gap longer than its host-late part is split in two, see :func:`classify_gaps`);
+    ``gap_next`` indexes the activities in ``order`` (start, end) order.
+    """
 
     window_ns: int = 0
     busy_ns: int = 0
@@ -104,7 +109,11 @@ class GapStats:
     gap_count_by_kind: dict[str, int] = field(default_factory=lambda: {k: 0 for k in GAP_KINDS})
     launch_gaps_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     all_gaps_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    top: list[dict] = field(default_factory=list)
+    order: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    gap_start: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    gap_end: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    gap_kind: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))
+    gap_next: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def idle_share(self) -> float | None:
@@ -120,8 +129,6 @@ def analyze_gaps(
     end_ns: np.ndarray,
     launch_end_ns: np.ndarray,
     graph_followup: np.ndarray,
-    names: np.ndarray | None = None,
-    top_n: int = 5,
 ) -> GapStats:
     """Busy time, idle gaps and their kinds for activities of one device.
 
@@ -130,17 +137,16 @@ def analyze_gaps(
         launch_end_ns: int64 end of each activity's host launch call; NO_TIME when unknown.
         graph_followup: bool, True for an activity replayed by a graph launch that already
             produced an earlier activity (same correlation id).
-        names: optional activity names for the ``top`` gap list.
-        top_n: how many of the longest gaps to describe.
 
     Returns:
-        GapStats with window, busy and per-kind gap totals.
+        GapStats with window, busy, per-kind gap totals and every gap.
     """
     st = GapStats()
     n = len(start_ns)
     if n == 0:
         return st
     order = np.lexsort((end_ns, start_ns))
+    st.order = order
     s = np.asarray(start_ns, dtype=np.int64)[order]
     e = np.asarray(end_ns, dtype=np.int64)[order]
     le = np.asarray(launch_end_ns, dtype=np.int64)[order]
@@ -151,29 +157,17 @@ def analyze_gaps(
     if n == 1:
         return st
     gap_start, gap_end, codes, idx = classify_gaps(s, e, le, gf)
+    st.gap_start, st.gap_end, st.gap_kind, st.gap_next = gap_start, gap_end, codes, idx
     prev_end = cm[:-1]
     g = gap_end - gap_start
-    kind = np.asarray(GAP_KINDS, dtype=object)[codes]
     whole = s[1:] - prev_end
     whole = whole[whole >= MIN_GAP_NS]  # each idle gap once, for the "all" distribution
-    for k in GAP_KINDS:
-        m = kind == k
+    for i, k in enumerate(GAP_KINDS):
+        m = codes == i
         st.gap_ns_by_kind[k] = int(g[m].sum())
         st.gap_count_by_kind[k] = int(m.sum())
-    st.launch_gaps_ns = g[kind == "launch"]
+    st.launch_gaps_ns = g[codes == GAP_KINDS.index("launch")]
     st.all_gaps_ns = whole
-    if top_n and len(g):
-        nm = np.asarray(names, dtype=object)[order] if names is not None else None
-        for j in np.argsort(-g, kind="stable")[:top_n]:
-            i = idx[j]
-            st.top.append(
-                {
-                    "start_ns": int(gap_start[j]),
-                    "gap_us": round(float(g[j]) / 1e3, 3),
-                    "kind": str(kind[j]),
-                    "next": str(nm[i])[:120] if nm is not None else None,
-                }
-            )
     return st
 
 

@@ -54,7 +54,7 @@ def _refuse(where: str, text: str, node: ast.AST, what: str) -> RuleError:
     return RuleError(f"{where}: condition refused: {what}{at}; {_ALLOWED_HELP}")
 
 
-def compile_condition(text: str, names: Mapping[str, str], where: str = "condition") -> ast.Expression:
+def compile_condition(text: str, names: Mapping[str, str], where: str = "condition", want: str = "bool") -> ast.Expression:
     """Parse and check a condition; return its AST (evaluated by :func:`eval_condition`).
 
     Args:
@@ -80,9 +80,35 @@ def compile_condition(text: str, names: Mapping[str, str], where: str = "conditi
     if n_nodes > MAX_CONDITION_NODES:
         raise RuleError(f"{where}: condition too large ({n_nodes} nodes > {MAX_CONDITION_NODES})")
     kind = _check(tree.body, names, where, text.strip())
-    if kind != "bool":
-        raise RuleError(f"{where}: condition must be a truth value (a comparison, and/or/not), got an arithmetic expression")
+    if kind != want:
+        if want == "bool":
+            raise RuleError(f"{where}: condition must be a truth value (a comparison, and/or/not), got an arithmetic expression")
+        raise RuleError(f"{where}: expected a number (arithmetic over findings and thresholds), got a truth value")
     return tree
+
+
+def compile_expression(text: str, names: Mapping[str, str], where: str = "expression") -> ast.Expression:
+    """Parse and check a numeric expression (same language as conditions; e.g. a rule's
+    ``stake_ms``); evaluate it with :func:`eval_expression`.
+
+    Raises:
+        RuleError: as :func:`compile_condition`, or an expression that is a truth value.
+    """
+    return compile_condition(text, names, where, want="num")
+
+
+def eval_expression(tree: ast.Expression, env: Mapping[str, Number]) -> float:
+    """Value of a tree from :func:`compile_expression` over ``env``.
+
+    Raises:
+        ZeroDivisionError, OverflowError, KeyError: arithmetic on, or a missing, value.
+    """
+    return float(_ev(tree.body, env))
+
+
+def names_in(tree: ast.Expression) -> set[str]:
+    """The (mangled) names an expression reads."""
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
 def _check(node: ast.AST, names: Mapping[str, str], where: str, text: str) -> str:

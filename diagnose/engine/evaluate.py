@@ -31,6 +31,17 @@ class Verdicts:
     def fired_ids(self) -> list[str]:
         return [s["id"] for s in self.symptoms]
 
+    @property
+    def headline(self) -> dict[str, Any] | None:
+        """The lead verdict: {text, rule_id, cause, ms, share} of the first fired symptom (the
+        ranking puts the biggest time at stake first), or None when nothing fired."""
+        for s in self.symptoms:
+            if s.get("grouped_under"):
+                continue
+            return {"text": s.get("headline") or s["summary"], "rule_id": s["id"], "cause": s.get("cause") or None,
+                    "ms": s.get("stake_ms"), "share": s.get("stake_share")}
+        return None
+
     def worst(self) -> str | None:
         return self.symptoms[0]["severity"] if self.symptoms else None
 
@@ -45,8 +56,59 @@ class Verdicts:
 from diagnose.numeric import num as _clean  # noqa: E402
 
 
+def severity_for_share(share: float) -> str:
+    """Severity from the share of the window at stake: >= 50 % high, >= 20 % medium,
+    >= 5 % low, else info (project defaults: severity follows the time at stake)."""
+    if share >= 0.5:
+        return "high"
+    if share >= 0.2:
+        return "medium"
+    if share >= 0.05:
+        return "low"
+    return "info"
+
+
+def _levers(r: Rule, findings: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """(levers recommended, notes on levers dropped because the evidence shows them in place)."""
+    from diagnose.engine.condition import eval_condition as _evc, names_in
+    from diagnose.vocab import LEVERS
+
+    keep, notes = [], []
+    for name in r.recommends:
+        lv = LEVERS[name]
+        if lv.present_when:
+            tree = _present_tree(lv.present_when)
+            env = {n: _clean(findings.get(n.replace("__", "."))) for n in names_in(tree)}
+            try:
+                present = None not in env.values() and _evc(tree, env)
+            except (ZeroDivisionError, OverflowError):
+                present = False
+            if present:
+                notes.append(f"not recommending {name.replace('_', ' ')}: {lv.present_text}")
+                continue
+        keep.append(name)
+    return keep, notes
+
+
+_PRESENT_TREES: dict[str, Any] = {}
+
+
+def _present_tree(text: str):
+    from diagnose.engine.condition import compile_condition
+
+    if text not in _PRESENT_TREES:
+        import ast as _ast
+        import re as _re
+
+        mangled = _re.sub(r"(?<=[a-z0-9_])\.(?=[a-z])", "__", text)
+        names = {n.id: "finding" for n in _ast.walk(_ast.parse(mangled, mode="eval")) if isinstance(n, _ast.Name)}
+        _PRESENT_TREES[text] = compile_condition(mangled, names, "vocab.LEVERS")
+    return _PRESENT_TREES[text]
+
+
 def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | Iterable[str] | None = "trace",
-             overrides: Mapping[str, Number] | None = None, unreliable: Iterable[str] | None = None) -> Verdicts:
+             overrides: Mapping[str, Number] | None = None, unreliable: Iterable[str] | None = None,
+             labels: Mapping[str, str] | None = None) -> Verdicts:
     """Evaluate ``rules`` of ``scope`` over ``findings``.
 
     Args:
@@ -56,10 +118,16 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
         overrides: ``{"RULE.NAME": value}`` threshold overrides.
         unreliable: finding names that are None because the report marks them unreliable
             (:func:`unreliable_findings`); only changes the not-evaluated reason.
+        labels: text values for templates (``trace.main_phase``, ``all.top_idle_cause``...).
 
     Returns:
-        :class:`Verdicts`; a rule with a missing required finding, too few samples, or a
-        condition that cannot be computed (division by zero) is in ``not_evaluated``.
+        :class:`Verdicts`; a rule with a missing required finding, too few samples, a
+        condition that cannot be computed (division by zero), or whose ``not_on`` names a
+        quality code the trace has (``quality.<code>`` > 0), is in ``not_evaluated``. Fired
+        symptoms with ``stake_ms`` get their severity from the share of the GPU window at
+        stake (:func:`severity_for_share`); symptoms are ranked by severity, then rules that
+        name a root cause (``kind: cause``) before those that describe a symptom, then time at
+        stake; those sharing a ``cause`` are grouped under the first (``grouped_under``).
 
     Raises:
         RuleError: an override names an unknown rule or threshold.
@@ -79,10 +147,19 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
             parts.append("unreliable finding(s) (see quality): " + ", ".join(bad))
         return "; ".join(parts)
 
+    from diagnose.engine.condition import eval_expression
+    from diagnose.vocab import QUALITY_CODES
+
+    labels = dict(labels or {})
     for r in rules:
         if scopes is not None and r.scope not in scopes:
             continue
         head = {"id": r.id, "symptom": r.symptom, "title": r.title, "severity": r.severity}
+        blocked = [c for c in r.not_on if (_clean(findings.get(f"quality.{c}")) or 0) > 0]
+        if blocked:
+            v.not_evaluated.append({**head, "missing": [], "reason": "; ".join(
+                f"not evaluated on this trace (quality {c}: {QUALITY_CODES[c].meaning})" for c in blocked)})
+            continue
         vals = {n: _clean(findings.get(n)) for n in r.requires}
         missing = [n for n, x in vals.items() if x is None]
         if missing:
@@ -112,7 +189,8 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
             ev_findings[n] = _clean(findings.get(n))
         for n in r.min_samples:
             ev_findings.setdefault(n, _clean(findings.get(n)))
-        template_vals = {**ev_findings, **r.threshold_values()}
+        rule_labels = {k: labels.get(k) for k in r.labels}
+        template_vals = {**ev_findings, **r.threshold_values(), **rule_labels}
         entry = {
             **head,
             "phase": r.phase,
@@ -123,10 +201,55 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
                 "thresholds": {k: {"value": t.value, "unit": t.unit, "rationale": t.rationale} for k, t in r.thresholds.items()},
             },
         }
+        if rule_labels:
+            entry["evidence"]["labels"] = rule_labels
         if fired:
             entry.update(likely_cause=r.likely_cause, how_to_verify=r.how_to_verify, fix=r.fix, references=list(r.references))
+            if r.cause:
+                entry["cause"] = render_template(r.cause, rule_labels)
+            if r.headline:
+                entry["headline"] = render_template(r.headline, template_vals)
+            if r.stake_tree is not None:
+                senv = {mangle(n): x for n, x in ev_findings.items() if x is not None}
+                senv.update(r.threshold_values())
+                try:
+                    stake = eval_expression(r.stake_tree, senv)
+                except (ZeroDivisionError, OverflowError, KeyError):
+                    stake = None
+                window = _clean(findings.get("all.window_ms"))
+                if stake is not None:
+                    entry["stake_ms"] = round(stake, 6)
+                    if window:
+                        entry["stake_share"] = round(min(stake / window, 1.0), 6)
+                        entry["severity"] = severity_for_share(stake / window)
+            keep, notes = _levers(r, findings)
+            entry["recommends"] = keep
+            if notes:
+                entry["already_in_place"] = notes
             v.symptoms.append(entry)
         else:
             v.passed.append(entry)
-    v.symptoms.sort(key=lambda s: (-SEVERITY_RANK[s["severity"]], s["id"]))
+    kinds = {r.id: r.kind for r in rules}
+    v.symptoms.sort(key=lambda s: (-SEVERITY_RANK[s["severity"]], kinds.get(s["id"]) != "cause", -(s.get("stake_ms") or 0.0), s["id"]))
+    _group(v.symptoms)
     return v
+
+
+def _group(symptoms: list[dict[str, Any]]) -> None:
+    """Symptoms that share a root cause (``cause``) follow the first of them (the one with
+    the most at stake), marked ``grouped_under`` it; the lead lists them in ``related``."""
+    lead: dict[str, dict] = {}
+    ordered: list[dict] = []
+    followers: dict[str, list[dict]] = {}
+    for s in symptoms:
+        c = s.get("cause")
+        if c and c in lead:
+            s["grouped_under"] = lead[c]["id"]
+            lead[c].setdefault("related", []).append(s["id"])
+            followers[lead[c]["id"]].append(s)
+            continue
+        if c:
+            lead[c] = s
+        followers[s["id"]] = []
+        ordered.append(s)
+    symptoms[:] = [x for s in ordered for x in [s, *followers[s["id"]]]]

@@ -19,10 +19,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import yaml
 
-from diagnose.engine.condition import compile_condition, mangle
+from diagnose.engine.condition import compile_condition, compile_expression, mangle
 from diagnose.engine.errors import RuleError
 from diagnose.errors import DiagnoseError
-from diagnose.yamlio import load_yaml
+from diagnose.yamlio import load_user_yaml, load_yaml
 
 Number = int | float
 
@@ -30,6 +30,9 @@ _SEGMENT = r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*"
 FINDING_NAME_RE = re.compile(rf"^{_SEGMENT}(?:\.{_SEGMENT})+$")
 THRESHOLD_NAME_RE = re.compile(rf"^{_SEGMENT}$")
 RULE_ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]*$")
+#: Largest width or precision a summary/headline format spec may ask for ({x:100000000} would
+#: print a 100 MB line).
+MAX_FORMAT_NUMBER = 64
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,14 @@ class Rule:
     min_samples: dict[str, int] = field(default_factory=dict)
     source: str = ""
     tree: ast.Expression | None = field(default=None, repr=False)
+    not_on: tuple[str, ...] = ()
+    recommends: tuple[str, ...] = ()
+    cause: str = ""
+    stake_ms: str = ""
+    stake_tree: ast.Expression | None = field(default=None, repr=False)
+    headline: str = ""
+    labels: tuple[str, ...] = ()
+    kind: str = "symptom"
 
     def threshold_values(self) -> dict[str, Number]:
         return {k: t.value for k, t in self.thresholds.items()}
@@ -102,6 +113,8 @@ def _check_template(template: str, allowed: set[str], where: str, what: str = "s
     for _, fname, spec, conv in parts:
         if fname is None:
             continue
+        if spec and any(int(d) > MAX_FORMAT_NUMBER for d in re.findall(r"\d+", spec)):
+            raise RuleError(f"{where}: {what} field {fname!r}: format spec {spec!r} asks for a width or precision over {MAX_FORMAT_NUMBER}")
         if fname == "" or fname not in allowed:
             raise RuleError(f"{where}: {what} refers to {fname!r}, which is not a required/evidence finding or a threshold")
         if conv:
@@ -166,8 +179,29 @@ def rule_from_dict(data: Any, where: str, expected_id: str | None = None, valida
     unused = [k for k in thresholds if k not in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}]
     if unused:
         raise RuleError(f"{where}: threshold(s) {', '.join(unused)} declared but not used in the condition")
-    allowed = set(requires) | set(evidence) | set(thresholds)
+    labels = tuple(data.get("labels") or ())
+    allowed = set(requires) | set(evidence) | set(thresholds) | set(labels)
     _check_template(data["summary"], allowed, where)
+    headline = (data.get("headline") or "").strip()
+    if headline:
+        _check_template(headline, allowed, where, "headline")
+    cause = (data.get("cause") or "").strip()
+    if cause:
+        _check_template(cause, set(labels), where, "cause")
+    stake = (data.get("stake_ms") or "").strip()
+    stake_tree = None
+    if stake:
+        snames = {mangle(f): "finding" for f in (*requires, *evidence)}
+        snames.update({k: "threshold" for k in thresholds})
+        stake_tree = compile_expression(stake, snames, f"{where}: stake_ms")
+    from diagnose.vocab import LEVERS, QUALITY_CODES
+
+    for lever in data.get("recommends") or ():
+        if lever not in LEVERS:
+            raise RuleError(f"{where}: recommends {lever!r}, not a lever of diagnose/vocab.py ({', '.join(LEVERS)})")
+    for code in data.get("not_on") or ():
+        if code not in QUALITY_CODES:
+            raise RuleError(f"{where}: not_on {code!r} is not a quality code of diagnose/vocab.py")
     return Rule(
         id=rid,
         symptom=data["symptom"],
@@ -188,16 +222,31 @@ def rule_from_dict(data: Any, where: str, expected_id: str | None = None, valida
         min_samples=dict(data.get("min_samples") or {}),
         source=where,
         tree=tree,
+        not_on=tuple(data.get("not_on") or ()),
+        recommends=tuple(data.get("recommends") or ()),
+        cause=cause,
+        stake_ms=stake,
+        stake_tree=stake_tree,
+        headline=headline,
+        labels=labels,
+        kind=data.get("kind") or "symptom",
     )
 
 
-def parse_yaml(text: str, where: str) -> Any:
+def parse_yaml(text: str, where: str, user: bool = True) -> Any:
+    """Parse a rule, fixture or rules-config file. Files a user gives (``user``) are parsed
+    without anchors/aliases and up to 1 MiB (:func:`diagnose.yamlio.load_user_yaml`); the
+    packaged ones with the fast C loader.
+
+    Raises:
+        RuleError: invalid YAML, naming the file (and that the rules file, not the trace, is at fault).
+    """
     try:
-        return load_yaml(text)
+        return load_user_yaml(text) if user else load_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise RuleError(f"{where}: not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
+        raise RuleError(f"rules file {where}: not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
 
 
 def _rule_files(path: str | Path | None):
@@ -247,7 +296,7 @@ def _load(path, validate: bool = True) -> list[Rule]:
     rules: list[Rule] = []
     seen: dict[str, str] = {}
     for where, stem, text in _rule_files(path):
-        data = parse_yaml(text, where)
+        data = parse_yaml(text, where, user=path is not None)
         r = rule_from_dict(data, where, expected_id=stem, validate=validate)
         if r.id in seen:
             raise RuleError(f"{where}: duplicate rule id {r.id!r} (also in {seen[r.id]})")

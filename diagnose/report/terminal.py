@@ -1,15 +1,22 @@
-"""Terminal report (rich): verdict first, then per-phase numbers, latency, gaps, top kernels."""
+"""Terminal report (rich): the headline first, then the ranked findings, where the GPU
+waited, per-phase numbers, latency, top kernels, rules not evaluated and data quality.
+
+Every text that comes from the trace (kernel, marker and call names, paths) goes through
+:func:`diagnose.textsafe.safe`: control characters are shown escaped, never sent to the
+terminal (a name with an escape sequence must not clear the screen or set the title).
+"""
 from __future__ import annotations
 
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from diagnose.analyzers import Analysis
-
-_SEV_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
+from diagnose.textsafe import safe
+from diagnose.vocab import GAP_CAUSE_LABELS, SEVERITY_STYLES
 
 
 def _pct(x: float | None) -> str:
@@ -28,41 +35,71 @@ def _num(x: Any, nd: int = 3) -> str:
     return str(x)
 
 
-def render(analysis: Analysis, console: Console | None = None) -> None:
-    """Print the analysis to ``console`` (stdout by default)."""
+def _console(console: Console | None) -> Console:
     c = console or Console()
     if console is None and not c.is_terminal:
         c = Console(width=160)
-    d = analysis.to_dict()
-    title = f"diagnose — {d['source']['path']}  ({d['source']['format']})"
-    c.print(Text(title, style="bold"))
+    return c
+
+
+def headline_text(h: dict[str, Any] | None) -> str:
+    """The headline as one line (with its caveat)."""
+    if not h:
+        return "No symptom rule fired."
+    text = h["text"]
+    if h.get("caveat"):
+        text += f" [caveat: {h['caveat']}]"
+    return safe(text)
+
+
+def render(analysis: Analysis, console: Console | None = None) -> None:
+    """Print the analysis to ``console`` (stdout by default)."""
+    render_report(analysis.to_dict(), console, metadata=analysis.metadata)
+
+
+def render_report(d: dict[str, Any], console: Console | None = None, metadata: dict | None = None) -> None:
+    """Print a JSON report (``Analysis.to_dict()`` with verdicts)."""
+    c = _console(console)
+    c.print(Text(safe(f"diagnose — {d['source']['path']}  ({d['source']['format']})"), style="bold"))
     if d.get("partial"):
         c.print(Text("PARTIAL TRACE: every number below comes from an incomplete file", style="bold red"))
-    listed = [p.get("name") for p in (analysis.metadata.get("deviceProperties") or []) if isinstance(p, dict)]
+    listed = [p.get("name") for p in ((metadata or {}).get("deviceProperties") or []) if isinstance(p, dict)]
     no_gpu = "none with activity in the analysed events" + (f" (the trace lists {len(listed)} GPU(s))" if listed else " (CPU only)")
     devs = ", ".join(f"{x['id']}: {x['name'] or '(unnamed)'}" for x in d["devices"]) or no_gpu
-    c.print(f"GPU devices: {devs}")
+    c.print(Text(safe(f"GPU devices: {devs}")))
 
     symptoms = d.get("symptoms") or []
-    if symptoms:
-        worst = symptoms[0]
-        c.print(Text(f"[{worst['severity'].upper()}] {worst['symptom']}: {worst['summary']}", style=_SEV_STYLE.get(worst["severity"], "")))
-        for s in symptoms[1:]:
-            c.print(Text(f"  [{s['severity']}] {s['symptom']}: {s['summary']}", style=_SEV_STYLE.get(s["severity"], "")))
-    elif "symptoms" in d:
+    h = d.get("headline")
+    if "symptoms" in d:
+        sev = symptoms[0]["severity"] if symptoms and h and h.get("rule_id") else "info"
+        c.print(Text("► " + headline_text(h), style="bold " + SEVERITY_STYLES.get(sev, "")))
+    for s in symptoms:
+        indent = "      " if s.get("grouped_under") else "  "
+        line = f"{indent}[{s['severity']}] {s['id']}: {s['summary']}"
+        c.print(Text(safe(line), style=SEVERITY_STYLES.get(s["severity"], "")))
+        if not s.get("grouped_under"):
+            recs = s.get("recommends") or []
+            if recs:
+                from diagnose.vocab import LEVERS
+
+                c.print(Text(safe(f"{indent}  fix: " + "; ".join(LEVERS[r].text for r in recs if r in LEVERS)), style="dim"))
+            for note in s.get("already_in_place") or []:
+                c.print(Text(safe(f"{indent}  ({note})"), style="dim"))
+    if "symptoms" in d and not symptoms:
         ne = len(d.get("not_evaluated") or [])
         tail = f" ({ne} rule(s) not evaluated for lack of inputs: see below)" if ne else ""
         c.print(Text("No symptom rule fired." + tail, style="green"))
 
     t = Table(title="Phases (per device)", header_style="bold")
-    for col in ("phase", "device", "steps", "wall ms", "GPU busy ms", "idle share", "launch-gap share", "attention share", "kernels"):
-        t.add_column(col, justify="right" if col not in ("phase",) else "left")
+    for col in ("phase", "device", "steps", "own ms", "wall ms", "GPU busy ms", "idle share", "launch-gap share",
+                "attention share", "kernels"):
+        t.add_column(col, justify="left" if col == "phase" else "right")
     extra_cols = [k for k in ("mfu", "mbu", "bound_ratio") if any(k in p for p in d["phases"])]
     for k in extra_cols:
         t.add_column(k.upper() if k != "bound_ratio" else "bound ratio", justify="right")
     for p in d["phases"]:
         busy = _ms(p["gpu_busy_ms"]) if p["device"] is not None else "—"
-        row = [p["name"], _num(p["device"]), str(p["steps"]), _ms(p["wall_ms"]), busy,
+        row = [p["name"], _num(p["device"]), str(p["steps"]), _ms(p.get("own_ms")), _ms(p["wall_ms"]), busy,
                _pct(p["gpu_idle_share"]), _pct(p["launch_gap_share"]), _pct(p["attention_share"]), str(p["kernel_count"])]
         for k in extra_cols:
             v = p.get(k)
@@ -70,40 +107,95 @@ def render(analysis: Analysis, console: Console | None = None) -> None:
             row.append(cell + " ?" if v is not None and k in (p.get("unreliable") or []) else cell)
         t.add_row(*row)
     c.print(t)
-    if any(p.get("unreliable") for p in d["phases"]):
-        c.print("[dim]? = unreliable (see Data quality)[/dim]")
+    c.print("[dim]own = GPU span of the steps minus waits not caused by them (the time base of TTFT, TPOT, MFU, MBU); "
+            "wall = marker start to GPU end" + ("; ? = unreliable (see Data quality)" if any(p.get("unreliable") for p in d["phases"]) else "")
+            + "[/dim]")
 
     lat = d["latency"]
     lt = Table(title="Latency (definitions: README §Definitions)", header_style="bold")
     for col in ("metric", "samples", "p50 ms", "p90 ms", "p99 ms"):
-        lt.add_column(col, justify="right" if col != "metric" else "left")
+        lt.add_column(col, justify="left" if col == "metric" else "right")
     n_pre = lat["ttft_samples"]
     lt.add_row(f"TTFT proxy (first of {n_pre} prefill steps)" if n_pre > 1 else "TTFT proxy (first prefill step)",
                "1" if n_pre else "0", _ms(lat["ttft_ms"]), "", "")
     tp = lat["tpot_ms"]
     lt.add_row("TPOT", str(lat["tpot_samples"]), _ms(tp["p50"]), _ms(tp["p90"]), _ms(tp["p99"]))
-    for key, label in (("prefill_step_ms", "prefill step wall"), ("decode_step_ms", "decode step wall")):
-        v = lat[key]
-        if v["p50"] is not None:
+    itl = lat.get("itl_ms") or {}
+    if lat.get("itl_samples"):
+        lt.add_row("ITL (decode + mixed)", str(lat["itl_samples"]), _ms(itl.get("p50")), _ms(itl.get("p90")), _ms(itl.get("p99")))
+    for key, label in (("prefill_step_ms", "prefill step (own)"), ("decode_step_ms", "decode step (own)"),
+                       ("mixed_step_ms", "mixed step (own)")):
+        v = lat.get(key) or {}
+        if v.get("p50") is not None:
             lt.add_row(label, "", _ms(v["p50"]), _ms(v["p90"]), _ms(v["p99"]))
     c.print(lt)
-    c.print(f"[dim]TPOT = {lat['tpot_definition']}[/dim]")
+    c.print(f"[dim]TPOT = {escape(lat['tpot_definition'])}[/dim]")
+
+    _render_waits(c, d)
 
     for p in d["phases"]:
         if p["name"] == "all" or p["activity_count"] == 0:
             continue
         g = p["gaps"]["launch"]
         cats = ", ".join(f"{k} {v:.3f}" for k, v in sorted(p["categories_ms"].items(), key=lambda kv: -kv[1]))
-        c.print(f"[bold]{p['name']}[/bold] (device {p['device']}): categories ms: {cats}")
+        c.print(Text(f"{p['name']} (device {p['device']}): categories ms: {cats}", style="bold"))
         if g["count"]:
             c.print(f"  launch gaps: {g['count']}, p50 {g['p50_us']} µs, p99 {g['p99_us']} µs, max {g['max_us']} µs, total {g['total_us']} µs")
         for k in p["top_kernels"][:5]:
-            c.print(f"  {k['total_ms']:10.3f} ms  {k['count']:5d}×  {k['category']:13s} {k['name'][:90]}")
+            c.print(Text(safe(f"  {k['total_ms']:10.3f} ms  {k['count']:5d}×  {k['category']:13s} {k['name'][:90]}")))
+
+    kt = d.get("kernel_table") or []
+    if kt:
+        _render_kernel_table(c, kt)
 
     if d.get("not_evaluated"):
-        c.print("[bold]Rules not evaluated:[/bold] " + "; ".join(
-            f"{n['id']} ({n.get('reason') or 'missing ' + ', '.join(n.get('missing') or [])})" for n in d["not_evaluated"]))
+        c.print(Text(safe("Rules not evaluated: " + "; ".join(
+            f"{n['id']} ({n.get('reason') or 'missing ' + ', '.join(n.get('missing') or [])})" for n in d["not_evaluated"])),
+            style="dim"))
     if d["quality"]:
         c.print("[bold]Data quality:[/bold]")
         for q in d["quality"]:
-            c.print(f"  [yellow]{q['code']}[/yellow]: {q['message']}")
+            c.print(Text.assemble(("  ", ""), (safe(q["code"]), "yellow"), (": " + safe(q["message"]), "")))
+
+
+def _render_waits(c: Console, d: dict[str, Any]) -> None:
+    """Where the GPU waited: idle time by cause and the longest gaps with what the host did."""
+    rows = [p for p in d["phases"] if p["name"] == "all" and p.get("idle_by_cause_ms")]
+    if not rows:
+        return
+    for p in rows:
+        by = p["idle_by_cause_ms"]
+        total = sum(by.values())
+        if total <= 0:
+            continue
+        parts = ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
+        c.print(Text(f"Where the GPU waited (device {p['device']}, idle {total:.3f} ms): {parts}", style="bold"))
+        t = Table(header_style="bold", title=None)
+        for col in ("start ms", "idle ms", "cause", "host was in", "next on the GPU"):
+            t.add_column(col, justify="right" if col in ("start ms", "idle ms") else "left", overflow="fold")
+        for g in p["gaps"].get("longest") or []:
+            t.add_row(_ms(g["start_ms"]), _ms(g["ms"]), g["cause"], safe(g.get("host_call") or "—"), safe(g.get("next") or "")[:70])
+        c.print(t)
+        c.print("[dim]" + escape("; ".join(f"{k}: {GAP_CAUSE_LABELS[k]}" for k in by if k in GAP_CAUSE_LABELS)) + "[/dim]")
+    steps = d.get("steps") or []
+    before = [(s, w) for s in steps[:50] for w in (s.get("waits") or []) if w.get("where") == "before" and w["ms"] >= 1.0]
+    if before:
+        c.print(Text("Before their GPU work, steps waited:", style="bold"))
+        for s, w in before[:8]:
+            c.print(Text(safe(f"  {s['name'][:60]}: {w['ms']:.3f} ms {w['cause']}"
+                              + (f" ({w['host_call']})" if w.get("host_call") else "")
+                              + f" — {GAP_CAUSE_LABELS.get(w['cause'], '')}")))
+
+
+def _render_kernel_table(c: Console, rows: list[dict[str, Any]]) -> None:
+    t = Table(title="Which kernel to tune (kernel table, top rows)", header_style="bold")
+    for col in ("phase", "op", "input dims", "kernel", "calls", "ms", "share", "TFLOP/s", "TB/s", "% peak", "bound"):
+        t.add_column(col, justify="right" if col in ("calls", "ms", "share", "TFLOP/s", "TB/s", "% peak") else "left",
+                     overflow="fold")
+    for r in rows[:10]:
+        frac = max([x for x in (r.get("peak_tflops_share"), r.get("peak_tbps_share")) if x is not None], default=None)
+        t.add_row(r.get("phase") or "", safe(r.get("op") or "—"), safe(str(r.get("input_dims") or ""))[:40],
+                  safe(str(r.get("kernel") or ""))[:48], str(r.get("calls")), _ms(r.get("total_ms")),
+                  _pct(r.get("kernel_time_share")), _num(r.get("achieved_tflops"), 1), _num(r.get("achieved_tbps"), 2),
+                  _pct(frac), r.get("bound") or (r.get("shapes_unknown") and "shapes unknown") or "—")
+    c.print(t)

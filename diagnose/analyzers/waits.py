@@ -1,0 +1,513 @@
+"""Why the GPU waited: the cause of every idle gap, and the step time model.
+
+**Gap causes** (:data:`diagnose.vocab.GAP_CAUSES`). For an idle gap on a device, before the
+next activity *n*, the host thread that launched *n* tells what the GPU waited for:
+
+1. a profiler ``overhead`` event covering at least half of the gap: ``profiler_overhead``
+   ("Activity Buffer Request") or ``cold_start`` ("Lazy Function Loading");
+2. a runtime/driver call on that thread covering at least half of the gap: ``cold_start`` for
+   module loading and runtime compilation (cuModuleLoad*, cuLibraryLoad*, NVRTC),
+   ``host_blocked`` for blocking calls (synchronize, event/stream waits, synchronous copies);
+3. a compile range (torch.compile, Inductor, Triton autotuning) covering half the gap: ``cold_start``;
+4. otherwise the gap's kind (:mod:`diagnose.analyzers.timeline`): ``launch`` (the launch call
+   ended after the GPU went idle: the host was late), ``graph`` (inside one graph replay),
+   ``dependency`` (launched in time, it waited on another stream, an event or a copy),
+   ``not_in_trace`` (no launch call in the trace).
+
+The name patterns are data (``diagnose/data/host_calls.yaml``). For the longest gaps the
+report also names ``host_call``: the covering call or event, else for a launch gap the
+innermost CPU op or user range the launching thread was in (e.g. "Torch-Compiled Region"),
+for a dependency the ``cuda_sync`` wait on the GPU timeline.
+
+**Step time model.** A step is the innermost step marker. Its *GPU span* runs from the first
+to the last GPU activity launched from it; ``gpu_busy_ms`` is the union of those
+activities. Its waits are the intervals before the span (from the step's anchor, see
+:func:`diagnose.analyzers.phases.find_steps`) and the idle gaps inside it, each with a cause;
+before the span, GPU work of the trace that is not the step's is ``pipelined`` (the previous
+step still running: healthy), and an idle stretch whose work was launched in time with no
+earlier activity in the trace is ``outside_trace`` (the GPU was busy with, or waiting for,
+work the trace does not hold). ``own_ms`` = span minus the idle gaps inside it whose cause is
+external to the step (:data:`diagnose.vocab.EXTERNAL_CAUSES`: cold start, profiler overhead,
+work not in the trace). ``own_ms`` is the base of the TTFT proxy, MFU/MBU and the bound ratio.
+A step that launched no GPU work costs its CPU range (CPU-only runs).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diagnose.analyzers.base import Context, Finding
+from diagnose.analyzers.timeline import MIN_GAP_NS, classify_gaps, union_busy_ns
+from diagnose.trace.model import NO_TIME, Trace
+from diagnose.vocab import EXTERNAL_CAUSES, GAP_CAUSES, GAP_KINDS
+from diagnose.yamlio import load_yaml
+
+FINDINGS = (
+    Finding("<phase>.idle_<cause>_ms", "ms", "idle time of the phase by cause (launch, graph, host_blocked, dependency, cold_start, profiler_overhead, not_in_trace)"),
+    Finding("<phase>.longest_gap_ms", "ms", "the phase's longest idle gap"),
+    Finding("<phase>.longest_host_blocked_ms", "ms", "the phase's longest idle gap while the host was blocked in a call"),
+)
+
+
+def findings_of_phase(p: dict, out: dict) -> None:
+    n = p["name"]
+    measured = "idle_by_cause_ms" in p and (p.get("activity_count") or 0) > 0  # no GPU activity: nothing measured
+    by = p.get("idle_by_cause_ms") or {}
+    for c in GAP_CAUSES:
+        out[f"{n}.idle_{c}_ms"] = float(by.get(c, 0.0)) if measured else None
+    longest = (p.get("gaps") or {}).get("longest") or []
+    out[f"{n}.longest_gap_ms"] = (longest[0]["ms"] if longest else 0.0) if measured else None
+    hb = [g["ms"] for g in longest if g.get("cause") == "host_blocked"]
+    out[f"{n}.longest_host_blocked_ms"] = (max(hb) if hb else 0.0) if measured else None
+
+#: Longest gaps described per phase in the report.
+LONGEST_GAPS = 5
+#: A covering call or event explains a gap when it covers at least this share of it.
+COVER_SHARE = 0.5
+#: Inside a step's span, idle gaps shorter than this are summed by cause but not listed.
+STEP_WAIT_MIN_NS = 50_000
+
+_CAUSE_ID = {c: i for i, c in enumerate(GAP_CAUSES)}
+_KIND_CAUSE = np.array([_CAUSE_ID["launch"], _CAUSE_ID["graph"], _CAUSE_ID["dependency"], _CAUSE_ID["not_in_trace"]], dtype=np.int8)
+assert GAP_KINDS == ("launch", "graph", "other", "unattributed")
+
+
+@lru_cache(maxsize=1)
+def _patterns() -> tuple[tuple[str, str, re.Pattern], ...]:
+    rows = load_yaml(resources.files("diagnose.data").joinpath("host_calls.yaml").read_text())["rows"]
+    return tuple((r["cause"], r["what"], re.compile(r["pattern"], re.I)) for r in rows)
+
+
+def _cause_of(name: str, what: str) -> str | None:
+    for cause, w, rx in _patterns():
+        if w == what and rx.search(name):
+            return cause
+    return None
+
+
+@dataclass
+class _Intervals:
+    """Sorted intervals of one kind on one thread (or of every thread: tid -2), with a cause."""
+
+    start: np.ndarray
+    end: np.ndarray
+    name: np.ndarray
+    cause: np.ndarray  # object: cause name or None
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame, what: str, keep_all: bool = False) -> "_Intervals":
+        if len(frame) == 0:
+            z = np.zeros(0, dtype=np.int64)
+            return cls(z, z, np.zeros(0, dtype=object), np.zeros(0, dtype=object))
+        codes, uniq = pd.factorize(frame["name"].to_numpy(dtype=object), sort=False)
+        ucause = np.array([_cause_of(str(u), what) for u in uniq], dtype=object)
+        cause = ucause[codes]
+        keep = np.ones(len(frame), dtype=bool) if keep_all else np.array([c is not None for c in cause], dtype=bool)
+        s = frame["start_ns"].to_numpy()[keep]
+        order = np.argsort(s, kind="stable")
+        return cls(s[order], frame["end_ns"].to_numpy()[keep][order],
+                   frame["name"].to_numpy(dtype=object)[keep][order], cause[keep][order])
+
+    def best_cover(self, gs: np.ndarray, ge: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each gap, the interval covering most of it among the two that start last
+        before the gap's end: (index or -1, covered ns)."""
+        n = len(gs)
+        best = np.full(n, -1, dtype=np.int64)
+        cov = np.zeros(n, dtype=np.int64)
+        if len(self.start) == 0 or n == 0:
+            return best, cov
+        hi = np.searchsorted(self.start, ge, side="right") - 1
+        for back in range(3):
+            i = hi - back
+            ok = i >= 0
+            ii = np.where(ok, i, 0)
+            c = np.minimum(self.end[ii], ge) - np.maximum(self.start[ii], gs)
+            c = np.where(ok, c, 0)
+            better = c > cov
+            best[better] = ii[better]
+            cov[better] = c[better]
+        return best, cov
+
+
+@dataclass
+class HostIndex:
+    """What the host was doing, per thread: runtime calls with a cause, compile ranges, all
+    CPU ranges (for naming the innermost one), profiler overhead events, GPU-side waits."""
+
+    runtime: dict[int, _Intervals] = field(default_factory=dict)
+    compile_ranges: dict[int, _Intervals] = field(default_factory=dict)
+    overhead: _Intervals | None = None
+    syncs: _Intervals | None = None
+    trace: Trace | None = None
+    skip_names: frozenset = frozenset()  # step markers and containers: never "what the host was doing"
+    _ranges: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, trace: Trace) -> "HostIndex":
+        h = cls(trace=trace)
+        rt = trace.runtime
+        if len(rt):
+            for tid, sub in rt.groupby("tid", sort=False):
+                iv = _Intervals.of(sub, "runtime", keep_all=True)
+                h.runtime[int(tid)] = iv
+        ranges = _cpu_ranges(trace)
+        if len(ranges):
+            codes, uniq = pd.factorize(ranges["name"].to_numpy(dtype=object), sort=False)
+            is_compile = np.array([_cause_of(str(u), "range") is not None for u in uniq], dtype=bool)
+            comp = ranges[is_compile[codes]] if len(uniq) else ranges.iloc[0:0]
+            for tid, sub in comp.groupby("tid", sort=False):
+                h.compile_ranges[int(tid)] = _Intervals.of(sub, "range")
+        ov = getattr(trace, "overhead", None)
+        if ov is not None and len(ov):
+            h.overhead = _Intervals.of(ov, "overhead", keep_all=True)
+        if len(trace.gpu_syncs):
+            sy = trace.gpu_syncs
+            h.syncs = _Intervals.of(sy.assign(name=sy["name"].astype(object)), "sync", keep_all=True)
+        return h
+
+    def innermost_range(self, tid: int, t_ns: int) -> str | None:
+        """Name of the innermost CPU op or user range on thread ``tid`` running at ``t_ns``."""
+        if tid < 0 or self.trace is None:
+            return None
+        if tid not in self._ranges:
+            r = _cpu_ranges(self.trace)
+            r = r[r["tid"] == tid]
+            order = np.argsort(r["start_ns"].to_numpy(), kind="stable")
+            self._ranges[tid] = (r["start_ns"].to_numpy()[order], r["end_ns"].to_numpy()[order],
+                                 r["name"].to_numpy(dtype=object)[order])
+        s, e, n = self._ranges[tid]
+        hi = int(np.searchsorted(s, t_ns, side="right"))
+        # the latest-starting range still running at t: innermost (ranges on a thread nest)
+        for i in range(hi - 1, max(hi - 2000, 0) - 1, -1):
+            if e[i] >= t_ns:
+                name = str(n[i])
+                if name in self.skip_names or name.startswith("ProfilerStep#"):
+                    return None
+                return name
+        return None
+
+
+def _cpu_ranges(trace: Trace) -> pd.DataFrame:
+    """CPU ops and CPU-side user ranges: name, start_ns, end_ns, tid."""
+    cached = getattr(trace, "_cpu_ranges_cache", None)
+    if cached is not None:
+        return cached
+    parts = []
+    if len(trace.cpu_ops):
+        parts.append(trace.cpu_ops[["name", "start_ns", "end_ns", "tid"]])
+    ann = trace.annotations
+    if len(ann):
+        a = ann[ann["scope"] == "cpu"]
+        parts.append(pd.DataFrame({"name": a["name"].astype(object).to_numpy(), "start_ns": a["start_ns"].to_numpy(),
+                                   "end_ns": a["end_ns"].to_numpy(), "tid": a["tid"].to_numpy()}))
+    out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({"name": [], "start_ns": [], "end_ns": [], "tid": []})
+    trace._cpu_ranges_cache = out  # type: ignore[attr-defined]
+    return out
+
+
+@dataclass
+class Gaps:
+    """Idle gaps with causes. Arrays aligned: start/end ns, kind code (GAP_KINDS), cause code
+    (GAP_CAUSES), index of the next activity (into the caller's arrays), and the covering
+    host interval that explains the gap (kind of index, index) for naming it."""
+
+    start: np.ndarray
+    end: np.ndarray
+    kind: np.ndarray
+    cause: np.ndarray
+    next_idx: np.ndarray
+    cover: list = field(default_factory=list)
+
+    @property
+    def ms(self) -> np.ndarray:
+        return (self.end - self.start) / 1e6
+
+
+def attribute(gs: np.ndarray, ge: np.ndarray, kind: np.ndarray, tids: np.ndarray, host: HostIndex) -> tuple[np.ndarray, list]:
+    """Cause code per gap (see the module docstring) and, per gap, the explaining interval
+    (("runtime", tid, i) | ("overhead", i) | ("compile", tid, i) | None).
+
+    Args:
+        gs, ge: gap start/end ns; kind: GAP_KINDS codes; tids: launching thread of the
+            activity after each gap (-1 unknown).
+    """
+    n = len(gs)
+    cause = _KIND_CAUSE[kind.astype(np.int64)] if n else np.zeros(0, dtype=np.int8)
+    cover: list = [None] * n
+    if n == 0:
+        return cause, cover
+    need = np.maximum((ge - gs) * COVER_SHARE, 1)
+    graph = kind == GAP_KINDS.index("graph")
+    decided = graph.copy()
+    if host.overhead is not None:
+        best, cov = host.overhead.best_cover(gs, ge)
+        hit = (~decided) & (best >= 0) & (cov >= need)
+        for j in np.flatnonzero(hit):
+            cause[j] = _CAUSE_ID[host.overhead.cause[best[j]] or "profiler_overhead"]
+            cover[j] = ("overhead", int(best[j]))
+        decided |= hit
+    for tid in np.unique(tids):
+        m = (tids == tid) & ~decided
+        if not m.any():
+            continue
+        idx = np.flatnonzero(m)
+        iv = host.runtime.get(int(tid))
+        if iv is not None:
+            best, cov = iv.best_cover(gs[idx], ge[idx])
+            ok = (best >= 0) & (cov >= need[idx])
+            for j, b in zip(idx[ok], best[ok]):
+                c = iv.cause[b]
+                if c is not None:
+                    cause[j] = _CAUSE_ID[c]
+                    cover[j] = ("runtime", int(tid), int(b))
+                    decided[j] = True
+        cr = host.compile_ranges.get(int(tid))
+        if cr is not None:
+            idx = idx[~decided[idx]]
+            best, cov = cr.best_cover(gs[idx], ge[idx])
+            ok = (best >= 0) & (cov >= need[idx])
+            for j, b in zip(idx[ok], best[ok]):
+                cause[j] = _CAUSE_ID["cold_start"]
+                cover[j] = ("compile", int(tid), int(b))
+                decided[j] = True
+    return cause, cover
+
+
+def host_call(g: Gaps, j: int, host: HostIndex, tids: np.ndarray, launch_names: np.ndarray | None) -> str | None:
+    """The name that explains gap ``j`` (see the module docstring), or None."""
+    c = g.cover[j]
+    if c is not None:
+        if c[0] == "overhead":
+            return str(host.overhead.name[c[1]])
+        if c[0] == "runtime":
+            return str(host.runtime[c[1]].name[c[2]])
+        return str(host.compile_ranges[c[1]].name[c[2]])
+    cause = GAP_CAUSES[int(g.cause[j])]
+    tid = int(tids[j]) if len(tids) else -1
+    if cause == "launch":
+        inner = host.innermost_range(tid, int((g.start[j] + g.end[j]) // 2))
+        if inner is not None:
+            return inner
+        if launch_names is not None:
+            return str(launch_names[j]) or None
+    if cause == "dependency" and host.syncs is not None:
+        best, cov = host.syncs.best_cover(g.start[j:j + 1], g.end[j:j + 1])
+        if best[0] >= 0 and cov[0] > 0:
+            return str(host.syncs.name[best[0]])
+    return None
+
+
+def device_gaps(s: np.ndarray, e: np.ndarray, launch_end: np.ndarray, graph_followup: np.ndarray, tids: np.ndarray,
+                host: HostIndex) -> Gaps:
+    """Idle gaps of one device's activities (sorted by start, end) with their causes."""
+    gs, ge, kind, nxt = classify_gaps(s, e, launch_end, graph_followup)
+    cause, cover = attribute(gs, ge, kind, tids[nxt] if len(nxt) else np.zeros(0, dtype=np.int64), host)
+    return Gaps(gs, ge, kind, cause, nxt, cover)
+
+
+def launch_end_for_gaps(acts: pd.DataFrame) -> np.ndarray:
+    """Launch-call ends for gap classification: unknown (NO_TIME) for activities whose start
+    precedes their launch call (clock skew), so the gaps before them are unattributed."""
+    le = acts["launch_end_ns"].to_numpy()
+    if "clock_skewed" in acts:
+        le = np.where(acts["clock_skewed"].to_numpy(dtype=bool), NO_TIME, le)
+    return le
+
+
+def reclassify_late_launches(stats, cause: np.ndarray) -> None:
+    """A gap the host was late for because of something other than launching (the profiler's
+    own overhead, a cold start, a blocking call) is not a launch gap: make it "other" in the
+    gap kinds (and the launch-gap share) of ``stats`` (a :class:`~.timeline.GapStats`)."""
+    k_launch, k_other = GAP_KINDS.index("launch"), GAP_KINDS.index("other")
+    move = (stats.gap_kind == k_launch) & (cause != _CAUSE_ID["launch"])
+    if not move.any():
+        return
+    stats.gap_kind = np.where(move, k_other, stats.gap_kind).astype(np.int8)
+    ms = stats.gap_end - stats.gap_start
+    for i, k in enumerate(GAP_KINDS):
+        m = stats.gap_kind == i
+        stats.gap_ns_by_kind[k] = int(ms[m].sum())
+        stats.gap_count_by_kind[k] = int(m.sum())
+    stats.launch_gaps_ns = ms[stats.gap_kind == k_launch]
+
+
+def idle_by_cause_ms(g: Gaps) -> dict[str, float]:
+    """Idle ms per cause (only causes with time), in vocabulary order."""
+    if len(g.start) == 0:
+        return {}
+    tot = np.bincount(g.cause.astype(np.int64), weights=(g.end - g.start).astype(np.float64), minlength=len(GAP_CAUSES))
+    return {c: round(float(tot[i]) / 1e6, 6) for i, c in enumerate(GAP_CAUSES) if tot[i] > 0}
+
+
+def longest(g: Gaps, host: HostIndex, tids_next: np.ndarray, names_next: np.ndarray, launch_names_next: np.ndarray | None,
+            t0_ns: int, n: int = LONGEST_GAPS) -> list[dict[str, Any]]:
+    """The ``n`` longest gaps: start_ms (from the trace start), ms, kind, cause, host_call, next."""
+    out = []
+    if len(g.start) == 0:
+        return out
+    dur = g.end - g.start
+    for j in np.argsort(-dur, kind="stable")[:n]:
+        out.append({
+            "start_ms": round((int(g.start[j]) - t0_ns) / 1e6, 6),
+            "ms": round(float(dur[j]) / 1e6, 6),
+            "kind": GAP_KINDS[int(g.kind[j])],
+            "cause": GAP_CAUSES[int(g.cause[j])],
+            "host_call": host_call(g, int(j), host, tids_next, launch_names_next),
+            "next": str(names_next[j])[:120],
+        })
+    return out
+
+
+def trace_t0(trace: Trace) -> int:
+    """The trace start (ns): the earliest event, the origin of ``--window`` and every ``start_ms``."""
+    from diagnose.trace.slice import trace_start_ns
+
+    t0 = trace_start_ns(trace)
+    return 0 if t0 is None else int(t0)
+
+
+def _launch_names(trace: Trace, g: pd.DataFrame) -> np.ndarray:
+    """Name of each activity's launch call ("" when none), from the correlation link."""
+    rt = trace.runtime
+    out = np.full(len(g), "", dtype=object)
+    if len(rt) == 0 or len(g) == 0:
+        return out
+    first = rt.drop_duplicates("correlation")
+    m = pd.Series(first["name"].to_numpy(dtype=object), index=first["correlation"].to_numpy())
+    got = m.reindex(g["correlation"].to_numpy()).to_numpy(dtype=object)
+    ok = pd.notna(got)
+    out[ok] = got[ok]
+    return out
+
+
+def run(ctx: Context) -> None:
+    """Per step: gpu_span_ms, gpu_busy_ms, own_ms (own_ns), waits and idle_by_cause_ms.
+    Sets ``ctx.extra["_host"]`` (the host index) for the per-phase gap attribution."""
+    trace, g, steps = ctx.trace, ctx.activities, ctx.steps
+    host = HostIndex.build(trace)
+    containers = ctx.extra.get("_containers")
+    host.skip_names = frozenset(list(steps["name"]) + (list(containers["name"]) if containers is not None else []))
+    t0 = trace_t0(trace)
+    ctx.extra["_host"] = host
+    ctx.extra["_t0"] = t0
+    n = len(steps)
+    span_ms = np.full(n, np.nan)
+    busy_ms = np.full(n, np.nan)
+    own_ns = np.zeros(n, dtype=np.int64)
+    waits: list[list[dict]] = [[] for _ in range(n)]
+    by_cause: list[dict] = [{} for _ in range(n)]
+    if n:
+        cpu = (steps["end_ns"].to_numpy(dtype=np.int64) - steps["start_ns"].to_numpy(dtype=np.int64))
+        own_ns[:] = cpu
+    if n and len(g):
+        gg = g.sort_values(["device", "start_ns", "end_ns"], kind="stable")
+        dev_arr = gg["device"].to_numpy()
+        s_all, e_all = gg["start_ns"].to_numpy(), gg["end_ns"].to_numpy()
+        le_all, gf_all = launch_end_for_gaps(gg), gg["graph_followup"].to_numpy()
+        tid_all = gg["launch_tid"].to_numpy() if "launch_tid" in gg else np.full(len(gg), -1)
+        step_all = gg["step"].to_numpy()
+        names_all = gg["name"].to_numpy(dtype=object)
+        lnames_all = _launch_names(trace, gg)
+        anchors = steps["anchor_ns"].to_numpy(dtype=np.int64) if "anchor_ns" in steps else steps["start_ns"].to_numpy(dtype=np.int64)
+        for dev in np.unique(dev_arr):
+            lo, hi = np.searchsorted(dev_arr, [dev, dev + 1])
+            sel = slice(int(lo), int(hi))
+            s, e, le, gf = s_all[sel], e_all[sel], le_all[sel], gf_all[sel]
+            tids, stp, names, lnames = tid_all[sel], step_all[sel], names_all[sel], lnames_all[sel]
+            cm = np.maximum.accumulate(e)
+            by_step = np.argsort(stp, kind="stable")  # positions grouped by step, in time order
+            sorted_steps = stp[by_step]
+            for i in np.unique(stp[stp >= 0]):
+                lo_s, hi_s = np.searchsorted(sorted_steps, [i, i + 1])
+                own = by_step[lo_s:hi_s]
+                a = int(own[0])
+                gs0, ge0 = int(s[own].min()), int(e[own].max())
+                span_ms[i] = (ge0 - gs0) / 1e6
+                busy_ms[i] = union_busy_ns(s[own], e[own]) / 1e6
+                # every activity of the device inside the span counts as busy (true GPU idle)
+                lo_i = int(np.searchsorted(s, gs0, side="left"))
+                hi_i = int(np.searchsorted(s, ge0, side="left"))
+                gap = device_gaps(s[lo_i:hi_i], e[lo_i:hi_i], le[lo_i:hi_i], gf[lo_i:hi_i], tids[lo_i:hi_i], host)
+                ext = np.isin(gap.cause, [_CAUSE_ID[c] for c in EXTERNAL_CAUSES])
+                own_ns[i] = (ge0 - gs0) - int((gap.end[ext] - gap.start[ext]).sum())
+                cause_ms = idle_by_cause_ms(gap)
+                w = _before_span(int(anchors[i]), gs0, s, e, cm, le, tids, names, lnames, stp, i, a, host, t0)
+                for x in w:
+                    cause_ms[x["cause"]] = round(cause_ms.get(x["cause"], 0.0) + x["ms"], 6)
+                dur = gap.end - gap.start
+                big = np.flatnonzero(dur >= max(STEP_WAIT_MIN_NS, 0.01 * (ge0 - gs0)))
+                for j in big[np.argsort(-dur[big], kind="stable")][:5]:
+                    nx = int(gap.next_idx[j]) + lo_i
+                    w.append({"where": "inside", "start_ms": round((int(gap.start[j]) - t0) / 1e6, 6),
+                              "ms": round(float(dur[j]) / 1e6, 6), "cause": GAP_CAUSES[int(gap.cause[j])],
+                              "host_call": host_call(gap, int(j), host, tids[lo_i:hi_i][gap.next_idx], lnames[lo_i:hi_i][gap.next_idx])
+                              if nx >= 0 else None})
+                waits[i] = w
+                by_cause[i] = cause_ms
+    steps["gpu_span_ms"] = span_ms
+    steps["gpu_busy_ms"] = busy_ms
+    steps["own_ns"] = own_ns
+    steps["waits"] = pd.Series(waits, index=steps.index, dtype=object) if n else pd.Series([], dtype=object)
+    steps["idle_by_cause_ms"] = pd.Series(by_cause, index=steps.index, dtype=object) if n else pd.Series([], dtype=object)
+
+
+def _before_span(anchor: int, gs0: int, s, e, cm, le, tids, names, lnames, stp, i: int, first: int, host: HostIndex,
+                 t0: int) -> list[dict[str, Any]]:
+    """Waits between the step's anchor and its first GPU activity (index ``first`` into the
+    device's sorted arrays): GPU time on earlier steps' work (``pipelined``) and idle
+    stretches, each attributed like a gap before the next activity. Stretches shorter than
+    :data:`STEP_WAIT_MIN_NS` are left out."""
+    out: list[dict[str, Any]] = []
+    if gs0 - anchor < MIN_GAP_NS:
+        return out
+    k0 = int(np.searchsorted(cm, anchor, side="right"))  # first activity still running at the anchor
+    # earlier work: another step's, or launched before the anchor (or with no launch in the trace)
+    iv = [(max(int(s[k]), anchor), min(int(e[k]), gs0), (stp[k] >= 0 and stp[k] != i) or le[k] == NO_TIME or le[k] < anchor)
+          for k in range(k0, first) if s[k] < gs0]
+    merged: list[list[int]] = []
+    pipelined = 0
+    first_pipelined = None
+    for a, b, earlier in sorted(iv):
+        if b <= a:
+            continue
+        if earlier:
+            pipelined += b - a
+            first_pipelined = a if first_pipelined is None else first_pipelined
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    if pipelined >= STEP_WAIT_MIN_NS:
+        out.append({"where": "before", "start_ms": round((first_pipelined - t0) / 1e6, 6), "ms": round(pipelined / 1e6, 6),
+                    "cause": "pipelined", "host_call": None})
+    cur = anchor
+    for a, b in merged + [[gs0, gs0]]:
+        if a - cur >= MIN_GAP_NS:
+            k = min(int(np.searchsorted(s, a, side="left")), len(s) - 1)
+            parts = []
+            if le[k] != NO_TIME and le[k] > cur:
+                cut = min(a, int(le[k]))
+                parts.append((cur, cut, GAP_KINDS.index("launch")))
+                if cut < a:
+                    parts.append((cut, a, GAP_KINDS.index("other")))
+            else:
+                parts.append((cur, a, GAP_KINDS.index("other" if le[k] != NO_TIME else "unattributed")))
+            for p0, p1, kd in parts:
+                if p1 - p0 < STEP_WAIT_MIN_NS:
+                    continue
+                kind = np.array([kd], dtype=np.int8)
+                cause, cover = attribute(np.array([p0]), np.array([p1]), kind, np.array([tids[k]]), host)
+                cname = GAP_CAUSES[int(cause[0])]
+                if cname == "dependency" and k == 0:  # nothing earlier on this device in the trace
+                    cname = "outside_trace"
+                gg = Gaps(np.array([p0]), np.array([p1]), kind, cause, np.array([0]), cover)
+                out.append({"where": "before", "start_ms": round((p0 - t0) / 1e6, 6), "ms": round((p1 - p0) / 1e6, 6),
+                            "cause": cname, "host_call": host_call(gg, 0, host, np.array([tids[k]]), np.array([lnames[k]]))})
+        cur = max(cur, b)
+    return out

@@ -1,0 +1,174 @@
+"""The notebook API: one call from a trace file to pandas DataFrames and the verdicts.
+
+    >>> import diagnose
+    >>> r = diagnose.analyze_trace("decode.json.gz", model_config="gpt-oss-20b", gpu="MI300X")
+    >>> r.headline["text"]
+    'decode is MoE-kernel-bound: 71% of kernel time (7.53 ms) in MoE expert kernels'
+    >>> r.phases[["name", "own_ms", "mbu", "bound_ratio"]]
+    >>> r.gaps.sort_values("ms", ascending=False).head()     # every idle gap, with its cause
+    >>> r.kernels.head()                                      # which kernel to tune
+
+:func:`analyze_trace` takes the same options as the command line (``--model-config`` is
+``model_config=...``, see :class:`~diagnose.options.AnalysisOptions`) plus the rule options
+(``thresholds=["S3-launch-gaps.max_launch_gap_share=0.2"]``, ``rules_config=...``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from diagnose.analyzers.result import Analysis
+from diagnose.options import AnalysisOptions, RuleOptions
+
+#: Gaps beyond this count get no ``host_call`` in :attr:`Report.gaps` (the longest ones do).
+MAX_NAMED_GAPS = 10_000
+
+
+@dataclass
+class Report:
+    """One analysed trace with its verdicts. DataFrame properties are built on first access.
+
+    Attributes:
+        analysis: the :class:`~diagnose.analyzers.Analysis` (``analysis.trace`` is the
+            normalized trace: gpu, runtime, cpu_ops, annotations frames).
+        report: the JSON report (``diagnose run --format json``).
+    """
+
+    analysis: Analysis
+    report: dict[str, Any] = field(repr=False)
+
+    @property
+    def headline(self) -> dict[str, Any] | None:
+        """{text, rule_id, cause, ms, share[, caveat]}: what the report leads with."""
+        return self.report.get("headline")
+
+    @property
+    def symptoms(self) -> list[dict[str, Any]]:
+        """Fired rules, ranked (time at stake first); ``grouped_under`` marks shared causes."""
+        return list(self.report.get("symptoms") or [])
+
+    @property
+    def quality(self) -> pd.DataFrame:
+        """code, message, count per data-quality issue."""
+        return pd.DataFrame(self.report.get("quality") or [], columns=["code", "message", "count"])
+
+    @cached_property
+    def phases(self) -> pd.DataFrame:
+        """One row per (phase, device): times in ms, shares in [0, 1], roofline numbers.
+        Nested report fields (gaps, categories, top kernels) stay in ``report["phases"]``."""
+        rows = []
+        for p in self.report.get("phases") or []:
+            rows.append({k: v for k, v in p.items() if not isinstance(v, (dict, list))})
+        return pd.DataFrame(rows)
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        """The step table: one row per engine step (times in ns and ms as named; ``waits``
+        and ``idle_by_cause_ms`` hold each step's waits)."""
+        return self.analysis.steps.copy()
+
+    @cached_property
+    def activities(self) -> pd.DataFrame:
+        """Every GPU activity with category, launch, step and phase columns."""
+        a = self.analysis.activities
+        return a.copy() if a is not None else pd.DataFrame()
+
+    @cached_property
+    def kernels(self) -> pd.DataFrame:
+        """The whole kernel table (one row per phase, op, input dims and kernel: achieved
+        TFLOP/s and TB/s against the device peak); the report keeps its top rows."""
+        kt = self.analysis.internal.get("kernel_table")
+        return kt.copy() if kt is not None else pd.DataFrame()
+
+    @cached_property
+    def gaps(self) -> pd.DataFrame:
+        """Every idle gap on every device: device, start_ms (from the trace start), ms, kind,
+        cause, host_call (for the :data:`MAX_NAMED_GAPS` longest), next (the activity after it)."""
+        from diagnose.analyzers.waits import (
+            Gaps,
+            HostIndex,
+            _launch_names,
+            attribute,
+            host_call,
+            launch_end_for_gaps,
+            reclassify_late_launches,
+        )
+        from diagnose.analyzers.timeline import analyze_gaps
+        from diagnose.vocab import GAP_CAUSES, GAP_KINDS
+
+        g = self.analysis.activities
+        cols = ["device", "start_ms", "ms", "kind", "cause", "host_call", "next"]
+        if g is None or len(g) == 0:
+            return pd.DataFrame(columns=cols)
+        host = self.analysis.host_index or HostIndex.build(self.analysis.trace)
+        t0 = int(self.analysis.internal.get("t0", 0) or 0)
+        lnames = _launch_names(self.analysis.trace, g)
+        parts = []
+        for dev in sorted(g["device"].unique()):
+            m = (g["device"] == dev).to_numpy()
+            sub = g[m]
+            st = analyze_gaps(sub["start_ns"].to_numpy(), sub["end_ns"].to_numpy(), launch_end_for_gaps(sub),
+                              sub["graph_followup"].to_numpy())
+            if len(st.gap_start) == 0:
+                continue
+            tids = sub["launch_tid"].to_numpy()[st.order]
+            names = sub["name"].to_numpy(dtype=object)[st.order]
+            ln = lnames[m][st.order]
+            cause, cover = attribute(st.gap_start, st.gap_end, st.gap_kind, tids[st.gap_next], host)
+            reclassify_late_launches(st, cause)
+            cg = Gaps(st.gap_start, st.gap_end, st.gap_kind, cause, st.gap_next, cover)
+            dur = st.gap_end - st.gap_start
+            named = np.zeros(len(dur), dtype=bool)
+            named[np.argsort(-dur, kind="stable")[:MAX_NAMED_GAPS]] = True
+            calls = [host_call(cg, j, host, tids[st.gap_next], ln[st.gap_next]) if named[j] else None for j in range(len(dur))]
+            parts.append(pd.DataFrame({
+                "device": int(dev), "start_ms": (st.gap_start - t0) / 1e6, "ms": dur / 1e6,
+                "kind": np.asarray(GAP_KINDS, dtype=object)[st.gap_kind.astype(np.int64)],
+                "cause": np.asarray(GAP_CAUSES, dtype=object)[cause.astype(np.int64)],
+                "host_call": calls, "next": names[st.gap_next]}))
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON report."""
+        return self.report
+
+
+def analyze_trace(path: str, **options: Any) -> Report:
+    """Analyse one trace file (Kineto JSON, optionally gzipped, or nsys SQLite) with its
+    verdicts, for a notebook.
+
+    Args:
+        path: the trace file.
+        **options: any field of :class:`~diagnose.options.AnalysisOptions` (model_config,
+            gpu, peak_tflops, bandwidth_tbps, batch, context, prompt_len, weight_dtype,
+            kv_dtype, tp, capture_trace, phase_regex, window, device, lenient) and of
+            :class:`~diagnose.options.RuleOptions` (rules_dir, rules_config, thresholds).
+
+    Returns:
+        A :class:`Report`.
+
+    Raises:
+        DiagnoseError: unusable input or options (the message says which).
+        TypeError: an unknown option name.
+    """
+    from diagnose.engine import load_ruleset
+    from diagnose.pipeline import diagnose_trace
+
+    a_names = {f.name for f in fields(AnalysisOptions)}
+    r_names = {f.name for f in fields(RuleOptions)}
+    unknown = sorted(set(options) - a_names - r_names)
+    if unknown:
+        raise TypeError(f"analyze_trace: unknown option(s) {', '.join(unknown)} (options: {', '.join(sorted(a_names | r_names))})")
+    if isinstance(options.get("phase_regex"), str):
+        options["phase_regex"] = (options["phase_regex"],)
+    if isinstance(options.get("thresholds"), str):
+        options["thresholds"] = (options["thresholds"],)
+    opts = AnalysisOptions.from_kwargs(**{k: v for k, v in options.items() if k in a_names})
+    ro = RuleOptions(**{k: (tuple(v) if k == "thresholds" else v) for k, v in options.items() if k in r_names})
+    ruleset = load_ruleset(ro.rules_dir, ro.rules_config, ro.thresholds)
+    analysis = diagnose_trace(path, opts, ruleset)
+    return Report(analysis, analysis.to_dict())
