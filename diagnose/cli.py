@@ -18,8 +18,7 @@ from diagnose.errors import DiagnoseError, install_hint
 
 
 def _run_fleet(paths, trace_dir, executor, scheduler, fmt, out_path, options, ruleset) -> None:
-    from diagnose.multi import analyze_many, discover, render_fleet
-    from diagnose.report.jsonout import to_json
+    from diagnose.multi import analyze_many, discover
 
     if trace_dir:
         paths = paths + discover(trace_dir)
@@ -36,6 +35,16 @@ def _run_fleet(paths, trace_dir, executor, scheduler, fmt, out_path, options, ru
     if scheduler and executor == "auto":
         executor = "dask"
     result = analyze_many(paths, options=options, executor=executor, scheduler=scheduler, lenient=options.lenient, ruleset=ruleset)
+    _emit_fleet(result, fmt, out_path)
+
+
+def _emit_fleet(result: dict, fmt: str, out_path: str | None) -> None:
+    """Print a fleet result (several ranks); exit 2 when a rank could not be analysed (the
+    others are still reported), as for any unusable input."""
+    from diagnose.multi import render_fleet
+    from diagnose.report.jsonout import to_json
+    from diagnose.textsafe import safe
+
     if out_path or fmt == "json":
         text = to_json(result)
         if out_path:
@@ -48,10 +57,13 @@ def _run_fleet(paths, trace_dir, executor, scheduler, fmt, out_path, options, ru
 
         c = Console()
         render_fleet(result, c if c.is_terminal else Console(width=160))
-    for e in result.get("errors", []):
-        click.echo(f"error: {e.get('path')}: {e.get('error')}", err=True)
+    errors = result.get("errors") or []
+    for e in errors:
+        click.echo(safe(f"error: {e.get('path')}" + (f" [{e['label']}]" if e.get("label") else "") + f": {e.get('error')}"), err=True)
     if not result.get("ranks"):
         raise DiagnoseError("no trace could be analysed")
+    if errors:
+        raise SystemExit(2)
 
 
 class _Main(OneLineGroup):
@@ -141,6 +153,15 @@ def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: s
         return
     trace_path = trace_paths[0]
     analysis = diagnose_trace(trace_path, options, ruleset, show_progress=True, prefetch=prefetch)
+    if getattr(analysis.trace, "ranks", None):
+        # several ranks merged into one file (SGLang ProfileMerger): report rank by rank, as --trace-dir does
+        from diagnose.multi import analyze_merged
+
+        if html_path:
+            raise DiagnoseError(f"{trace_path} holds {len(analysis.trace.ranks)} merged ranks: --html applies to one rank "
+                                "(split the file, or drop --html for the per-rank report)")
+        _emit_fleet(analyze_merged(trace_path, options, ruleset), fmt, out_path)
+        return
     report = analysis.to_dict()
     if out_path or fmt == "json":
         from diagnose.report.jsonout import to_json

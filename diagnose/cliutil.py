@@ -13,6 +13,7 @@ import sys
 import click
 
 from diagnose.errors import DiagnoseError, install_hint
+from diagnose.textsafe import safe
 
 
 # optional dependency -> the extra that installs it
@@ -31,7 +32,7 @@ def guarded(fn):
         try:
             return fn(*args, **kwargs)
         except DiagnoseError as e:
-            click.echo(f"error: {e}", err=True)
+            click.echo(safe(f"error: {e}"), err=True)
             sys.exit(2)
         except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
             raise
@@ -44,7 +45,7 @@ def guarded(fn):
             raise
         except OSError as e:
             where = f"{e.filename}: " if getattr(e, "filename", None) else ""
-            click.echo(f"error: {where}{e.strerror or e}", err=True)
+            click.echo(safe(f"error: {where}{e.strerror or e}"), err=True)
             sys.exit(2)
         except MemoryError:
             click.echo("error: out of memory while analysing the trace (try --window or --device)", err=True)
@@ -53,7 +54,7 @@ def guarded(fn):
             if os.environ.get("DIAGNOSE_DEBUG"):
                 raise
             msg = str(e).splitlines()[0][:300] if str(e) else ""
-            click.echo(f"internal error: {type(e).__name__}: {msg} (set DIAGNOSE_DEBUG=1 for a traceback)", err=True)
+            click.echo(safe(f"internal error: {type(e).__name__}: {msg} (set DIAGNOSE_DEBUG=1 for a traceback)"), err=True)
             sys.exit(3)
 
     wrapper._diagnose_guarded = True  # type: ignore[attr-defined]
@@ -72,7 +73,7 @@ class OneLineGroup(click.Group):
         except click.UsageError as e:
             path = e.ctx.command_path if e.ctx is not None else "diagnose"
             msg = " ".join(e.format_message().split())
-            click.echo(f"error: {msg} (see '{path} --help')", err=True)
+            click.echo(safe(f"error: {msg} (see '{path} --help')"), err=True)
             sys.exit(2)
         except click.ClickException as e:
             click.echo(f"error: {' '.join(e.format_message().split())}", err=True)

@@ -6,7 +6,7 @@ so they always give the same verdict for the same thresholds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from diagnose.analyzers.base import Finding
 from diagnose.engine import RuleSet, Verdicts, evaluate
@@ -192,11 +192,42 @@ def compare_reports(baseline: Mapping[str, Any], candidate: Mapping[str, Any], r
              ("ratio" if kind == "ms" else "change"): findings.get(dkey)} for label, key, kind, dkey in COMPARE_ROWS]
     warnings = [f"{label}: numbers unreliable ({', '.join(r)})" for label, rep in (("baseline", baseline), ("candidate", candidate))
                 if (r := unreliable_reasons(rep))]
+    warnings += like_for_like_warnings([baseline, candidate], ["baseline", "candidate"], device)
     return Comparison(findings=findings, verdicts=verdicts, rows=rows, regression=regression, comparable=comparable,
                       failing=failing, new_symptoms=new, resolved_symptoms=gone,
                       category_deltas=category_deltas(baseline, candidate, device),
                       kernel_deltas=kernel_deltas(baseline, candidate, device),
                       warnings=warnings, exit_code=code)
+
+
+def _setup(report: Mapping[str, Any], device: int | None) -> dict[str, Any]:
+    """What must match for two traces to compare like for like: device name, model, decode batch."""
+    from diagnose.findings import findings_from_report, select_device
+
+    try:
+        dev = select_device(report, device)
+    except Exception:  # noqa: BLE001 - a device missing from one report is reported by compare itself
+        dev = None
+    name = next((d.get("name") for d in report.get("devices") or [] if d.get("id") == dev), None)
+    model = report.get("model") or {}
+    f = findings_from_report(report, dev) if report.get("phases") is not None else {}
+    return {"device": name or None, "model": (model.get("name"), model.get("params_total")) if model else None,
+            "decode batch": f.get("steps.decode_p50_batch"), "prompt tokens": f.get("steps.prefill_p50_prompt_tokens")}
+
+
+def like_for_like_warnings(reports: Sequence[Mapping[str, Any]], labels: Sequence[str], device: int | None = None,
+                           keys: Sequence[str] = ("device", "model", "decode batch", "prompt tokens")) -> list[str]:
+    """One warning per setting that differs between the reports (device name, model config,
+    median decode batch, median prompt length): the comparison may not be like for like."""
+    setups = [_setup(r, device) for r in reports]
+    out = []
+    for k in keys:
+        vals = [s[k] for s in setups]
+        known = [v for v in vals if v is not None]
+        if len(set(map(str, known))) > 1:
+            shown = ", ".join(f"{lab} {v[0] if isinstance(v, tuple) else v}" for lab, v in zip(labels, vals) if v is not None)
+            out.append(f"the traces differ in {k} ({shown}): the comparison may not be like for like")
+    return out
 
 
 def unreliable_reasons(report: Mapping[str, Any]) -> list[str]:

@@ -12,24 +12,10 @@ import dataclasses
 import functools
 import re
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Iterable
 
 from diagnose.errors import DiagnoseError
-from diagnose.yamlio import load_yaml
-
-_ROW_KEYS = (
-    "name",
-    "vendor",
-    "aliases",
-    "dense_fp16_tflops",
-    "dense_fp8_tflops",
-    "memory_bandwidth_tbps",
-    "memory_gb",
-    "source",
-    "source_url",
-    "note",
-)
+from diagnose.tables import gpu_table
 
 
 @dataclass(frozen=True)
@@ -92,43 +78,9 @@ def _positive_number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
 
 
-def _row_from_yaml(raw: Any, index: int) -> GpuPeak:
-    if not isinstance(raw, dict):
-        raise DiagnoseError(f"gpus.yaml row {index} is not a mapping")
-    missing = [k for k in _ROW_KEYS if k not in raw]
-    if missing:
-        raise DiagnoseError(f"gpus.yaml row {index} lacks {', '.join(missing)}")
-    name = raw["name"]
-    aliases = raw["aliases"]
-    if not isinstance(aliases, list) or not aliases or not all(isinstance(a, str) for a in aliases):
-        raise DiagnoseError(f"gpus.yaml row {name!r}: aliases must be a non-empty list of regexes")
-    for alias in aliases:
-        try:
-            re.compile(alias, re.IGNORECASE)
-        except re.error as exc:
-            raise DiagnoseError(f"gpus.yaml row {name!r}: bad alias {alias!r}: {exc}") from None
-    for key in ("dense_fp16_tflops", "memory_bandwidth_tbps", "memory_gb"):
-        if not _positive_number(raw[key]):
-            raise DiagnoseError(f"gpus.yaml row {name!r}: {key} must be a positive number")
-    if raw["dense_fp8_tflops"] is not None and not _positive_number(raw["dense_fp8_tflops"]):
-        raise DiagnoseError(f"gpus.yaml row {name!r}: dense_fp8_tflops must be positive or null")
-    return GpuPeak(
-        name=str(name),
-        vendor=str(raw["vendor"]),
-        aliases=tuple(aliases),
-        dense_fp16_tflops=float(raw["dense_fp16_tflops"]),
-        dense_fp8_tflops=None if raw["dense_fp8_tflops"] is None else float(raw["dense_fp8_tflops"]),
-        memory_bandwidth_tbps=float(raw["memory_bandwidth_tbps"]),
-        memory_gb=float(raw["memory_gb"]),
-        source=str(raw["source"]),
-        source_url=str(raw["source_url"]),
-        note=None if raw["note"] is None else str(raw["note"]).strip(),
-    )
-
-
 @functools.lru_cache(maxsize=1)
 def load_gpu_table() -> tuple[GpuPeak, ...]:
-    """Load the packaged GPU peak table (``diagnose.data/gpus.yaml``) via importlib.resources.
+    """The packaged GPU peak table (``diagnose/data/gpus.yaml``, typed by :mod:`diagnose.tables`).
 
     Returns:
         The rows, in file order.
@@ -137,11 +89,21 @@ def load_gpu_table() -> tuple[GpuPeak, ...]:
         DiagnoseError: the table is malformed (missing field, non-positive number, bad
             regex, duplicate name).
     """
-    text = resources.files("diagnose.data").joinpath("gpus.yaml").read_text(encoding="utf-8")
-    doc = load_yaml(text)
-    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list):
-        raise DiagnoseError("gpus.yaml must hold a 'gpus' list")
-    rows = tuple(_row_from_yaml(raw, i) for i, raw in enumerate(doc["gpus"]))
+    rows = tuple(
+        GpuPeak(
+            name=r.name,
+            vendor=r.vendor,
+            aliases=tuple(r.aliases),
+            dense_fp16_tflops=r.dense_fp16_tflops,
+            dense_fp8_tflops=r.dense_fp8_tflops,
+            memory_bandwidth_tbps=r.memory_bandwidth_tbps,
+            memory_gb=r.memory_gb,
+            source=r.source,
+            source_url=r.source_url,
+            note=None if r.note is None else r.note.strip(),
+        )
+        for r in gpu_table().gpus
+    )
     seen: set[str] = set()
     for row in rows:
         key = _normalize(row.name)

@@ -560,8 +560,13 @@ def _pct(v: Any) -> str:
 
 def render_fleet(result: dict[str, Any], console: Any) -> None:
     """Print the fleet result on a rich ``Console``: one row per rank, stragglers in bold red."""
-    from rich.markup import escape
+    from rich.markup import escape as _markup_escape
     from rich.table import Table
+
+    from diagnose.textsafe import safe
+
+    def escape(text: str) -> str:  # names from the trace: control characters shown, markup escaped
+        return _markup_escape(safe(text))
 
     rows = result.get("ranks") or []
     errs = result.get("errors") or []
@@ -582,7 +587,7 @@ def render_fleet(result: dict[str, Any], console: Any) -> None:
             _ms(r.get("tpot_p50_ms")), _ms(r.get("tpot_p99_ms")),
             _pct(r.get("launch_gap_share")), _pct(r.get("gpu_idle_share")),
             _ms(r.get("gpu_busy_ms")), _ms(r.get("wall_ms")), _pct(r.get("mbu")),
-            r.get("top_symptom") or "-",
+            escape(r.get("top_symptom") or "-"),
             style="bold red" if r.get("straggler") else None,
         )
     console.print(t)

@@ -27,6 +27,7 @@ from diagnose.errors import DiagnoseError
 from diagnose.findings import load_metrics
 from diagnose.gate import GATE_PHASES, LAUNCH_RULE, LAUNCH_THRESHOLD, gate_report, measured_text, write_junit
 from diagnose.options import AnalysisOptions, RuleOptions
+from diagnose.textsafe import safe
 from diagnose.vocab import SCOPES, SEVERITIES
 
 
@@ -54,12 +55,17 @@ def _fmt(v: Any, kind: str = "num") -> str:
 
 
 def _print_verdicts(v: Verdicts, title: str) -> None:
-    click.echo(f"{title}: {len(v.symptoms)} fired, {len(v.passed)} passed, {len(v.not_evaluated)} not evaluated")
+    _echo(f"{title}: {len(v.symptoms)} fired, {len(v.passed)} passed, {len(v.not_evaluated)} not evaluated")
     for s in v.symptoms:
-        click.echo(f"  [{s['severity']}] {s['id']} ({s['symptom']}): {s['summary']}")
-        click.echo(f"      fix: {s['fix']}")
+        _echo(f"  [{s['severity']}] {s['id']} ({s['symptom']}): {s['summary']}")
+        _echo(f"      fix: {s['fix']}")
     for n in v.not_evaluated:
-        click.echo(f"  [not evaluated] {n['id']}: {n['reason']}")
+        _echo(f"  [not evaluated] {n['id']}: {n['reason']}")
+
+
+def _echo(text: str = "") -> None:
+    """One line of text output; names from the trace are shown with control characters escaped."""
+    click.echo(safe(text))
 
 
 def _severity_choice():
@@ -130,18 +136,18 @@ def _gate(trace_path, phases, max_launch_gap_share, max_idle_share, fail_on, all
         }, indent=2, default=str))
         return res.exit_code
     src = report.get("source") or {}
-    click.echo(f"gate: {src.get('path', trace_path)} ({src.get('format', '?')}), device {_fmt(res.findings.get('trace.device'))}")
+    _echo(f"gate: {src.get('path', trace_path)} ({src.get('format', '?')}), device {_fmt(res.findings.get('trace.device'))}")
     for c in gate_checks:
         tag = {"pass": "PASS", "fail": "FAIL", "skipped": "SKIP"}[c["status"]]
-        click.echo(f"  {tag:<5} {c['message']}")
+        _echo(f"  {tag:<5} {c['message']}")
     _print_verdicts(res.verdicts, "rules (trace scope" + (", metrics" if metrics_path else "") + ")")
     if fail_on:
-        click.echo(f"fail-on: {fail_on} -> {len(res.failing_rule_ids)} symptom(s) at or above it")
+        _echo(f"fail-on: {fail_on} -> {len(res.failing_rule_ids)} symptom(s) at or above it")
     failed = res.failed
     if failed:
-        click.echo("result: FAIL (" + "; ".join(c["message"] for c in failed[:3]) + (" ..." if len(failed) > 3 else "") + ")")
+        _echo("result: FAIL (" + "; ".join(c["message"] for c in failed[:3]) + (" ..." if len(failed) > 3 else "") + ")")
     else:
-        click.echo("result: PASS")
+        _echo("result: PASS")
     return res.exit_code
 
 
@@ -194,42 +200,42 @@ def compare_command(baseline_path, candidate_path, fmt, fail_on, metrics_path, a
             **cmp.to_dict(),
         }, indent=2, default=str))
         sys.exit(cmp.exit_code)
-    click.echo(f"baseline:  {(base.get('source') or {}).get('path', baseline_path)}")
-    click.echo(f"candidate: {(cand.get('source') or {}).get('path', candidate_path)}")
+    _echo(f"baseline:  {(base.get('source') or {}).get('path', baseline_path)}")
+    _echo(f"candidate: {(cand.get('source') or {}).get('path', candidate_path)}")
     for w in cmp.warnings:
-        click.echo(f"warning: {w}")
+        _echo(f"warning: {w}")
     w0 = max(len(r["name"]) for r in cmp.rows)
-    click.echo(f"{'metric':<{w0}}  {'baseline':>12}  {'candidate':>12}  change")
+    _echo(f"{'metric':<{w0}}  {'baseline':>12}  {'candidate':>12}  change")
     for r in cmp.rows:
         b, c = r["baseline"], r["candidate"]
         if b is None and c is None:
             continue
-        click.echo(f"{r['name']:<{w0}}  {_fmt(b, r['kind']):>12}  {_fmt(c, r['kind']):>12}  "
+        _echo(f"{r['name']:<{w0}}  {_fmt(b, r['kind']):>12}  {_fmt(c, r['kind']):>12}  "
                    f"{_change_text(r['kind'], r.get('ratio', r.get('change')))}")
     if cmp.category_deltas:
-        click.echo("kernel time by category (ms):")
+        _echo("kernel time by category (ms):")
         for d in cmp.category_deltas:
             ratio = "—" if d["ratio"] is None else f"x{d['ratio']:.2f}"
-            click.echo(f"  {d['phase']:<8} {d['category']:<13} {d['baseline_ms']:>10.3f}  {d['candidate_ms']:>10.3f}  {ratio}")
+            _echo(f"  {d['phase']:<8} {d['category']:<13} {d['baseline_ms']:>10.3f}  {d['candidate_ms']:>10.3f}  {ratio}")
     if cmp.kernel_deltas:
-        click.echo("kernels whose time changed most (ms):")
+        _echo("kernels whose time changed most (ms):")
         for d in cmp.kernel_deltas[:5]:
-            click.echo(f"  {d['phase']:<8} {d['baseline_ms']:>10.3f}  {d['candidate_ms']:>10.3f}  {d['name'][:80]}")
+            _echo(f"  {d['phase']:<8} {d['baseline_ms']:>10.3f}  {d['candidate_ms']:>10.3f}  {d['name'][:80]}")
     _print_verdicts(cmp.verdicts, "rules (compare scope" + (", metrics" if metrics_path else "") + ")")
     if cmp.new_symptoms:
-        click.echo("new in candidate: " + ", ".join(f"{s['id']} [{s['severity']}]" for s in cmp.new_symptoms))
+        _echo("new in candidate: " + ", ".join(f"{s['id']} [{s['severity']}]" for s in cmp.new_symptoms))
     if cmp.resolved_symptoms:
-        click.echo("resolved in candidate: " + ", ".join(s["id"] for s in cmp.resolved_symptoms))
+        _echo("resolved in candidate: " + ", ".join(s["id"] for s in cmp.resolved_symptoms))
     if cmp.regression:
-        click.echo("verdict: REGRESSION — roll back (a TTFT/TPOT percentile is more than the allowed share worse than baseline)")
+        _echo("verdict: REGRESSION — roll back (a TTFT/TPOT percentile is more than the allowed share worse than baseline)")
     elif cmp.failing:
-        click.echo("verdict: FAIL — " + ", ".join(s["id"] for s in cmp.failing))
+        _echo("verdict: FAIL — " + ", ".join(s["id"] for s in cmp.failing))
     elif not cmp.comparable:
         ne = next(n for n in cmp.verdicts.not_evaluated if n["id"] == "latency-regression")
         why = ne.get("reason") or ", ".join(ne.get("missing", []))
-        click.echo(f"verdict: {'CANNOT COMPARE' if not allow_missing else 'not compared (--allow-missing)'} — {why}")
+        _echo(f"verdict: {'CANNOT COMPARE' if not allow_missing else 'not compared (--allow-missing)'} — {why}")
     else:
-        click.echo("verdict: no regression")
+        _echo("verdict: no regression")
     sys.exit(cmp.exit_code)
 
 
@@ -265,24 +271,30 @@ def sweep_command(trace_paths, labels, fmt, fail_on, **shared):
     reports = [analyse_report(p, options) for p in trace_paths]
     points = sweep_points(reports, parsed, options.device)
     findings = sweep_findings(points)
+    from diagnose.compare import like_for_like_warnings
+
+    warnings = like_for_like_warnings(reports, [str(p["name"]) for p in points], options.device, keys=("device", "model"))
     verdicts = evaluate(ruleset.rules, findings, scope="sweep", overrides=ruleset.overrides)
     code = 1 if fail_on and verdicts.at_least(fail_on) else 0
     if fmt == "json":
         click.echo(json.dumps({"schema_version": 1, "points": points, "findings": findings, "symptoms": verdicts.symptoms,
-                               "not_evaluated": verdicts.not_evaluated, "exit_code": code}, indent=2, default=str))
+                               "not_evaluated": verdicts.not_evaluated, "warnings": warnings, "exit_code": code},
+                              indent=2, default=str))
         sys.exit(code)
+    for w in warnings:
+        _echo(safe(f"warning: {w}"))
     cols = [("point", "name", "s"), ("ctx", "ctx", "n"), ("batch", "batch", "n"), ("GPUs", "gpus", "n"),
             ("prompt", "prompt", "n"), ("TPOT p50 ms", "tpot_ms", "ms"), ("tok/s", "throughput_tok_s", "n"),
             ("prefill MFU", "prefill_mfu", "pct")]
     rows = [[str(p[k]) if kind == "s" else _fmt(p[k], "ms" if kind == "ms" else "pct" if kind == "pct" else "num")
              for _, k, kind in cols] for p in points]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, (h, _, _) in enumerate(cols)]
-    click.echo("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, ((h, _, _), w) in enumerate(zip(cols, widths))))
+    _echo("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, ((h, _, _), w) in enumerate(zip(cols, widths))))
     for r in rows:
-        click.echo("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        _echo("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
     known = {k: v for k, v in findings.items() if v is not None}
     if known:
-        click.echo("findings: " + ", ".join(f"{k}={_fmt(v)}" for k, v in known.items()))
+        _echo("findings: " + ", ".join(f"{k}={_fmt(v)}" for k, v in known.items()))
     _print_verdicts(verdicts, "rules (sweep scope)")
     sys.exit(code)
 
@@ -314,7 +326,7 @@ def rules_list(rules_dir, scope, fmt):
     w = max((len(r.id) for r in rules), default=2)
     for r in rules:
         th = ", ".join(f"{k}={t.value:g}" for k, t in r.thresholds.items())
-        click.echo(f"{r.id:<{w}}  {r.symptom:<26} {r.severity:<8} {r.scope:<8} {r.title}" + (f"  [{th}]" if th else ""))
+        _echo(f"{r.id:<{w}}  {r.symptom:<26} {r.severity:<8} {r.scope:<8} {r.title}" + (f"  [{th}]" if th else ""))
 
 
 @rules_group.command("test")
@@ -332,9 +344,9 @@ def rules_test(rules_dir, verbose):
     for r in results:
         if verbose or not r.ok:
             tag = "ok  " if r.ok else "FAIL"
-            click.echo(f"{tag} {r.rule_id} :: {r.case}: expected {r.expect}, got {r.got}" + (f" — {r.detail}" if r.detail and not r.ok else ""))
+            _echo(f"{tag} {r.rule_id} :: {r.case}: expected {r.expect}, got {r.got}" + (f" — {r.detail}" if r.detail and not r.ok else ""))
     n_rules = len({r.rule_id for r in results})
-    click.echo(f"{len(results) - len(bad)}/{len(results)} fixture cases passed ({n_rules} rules)")
+    _echo(f"{len(results) - len(bad)}/{len(results)} fixture cases passed ({n_rules} rules)")
     sys.exit(1 if bad else 0)
 
 

@@ -135,6 +135,7 @@ class QualityCode:
 QUALITY_TABLE: tuple[QualityCode, ...] = (
     QualityCode("no_gpu_activity", "no kernels, memcpy or memset: GPU numbers unavailable (CPU-only traces are not an error)"),
     QualityCode("missing_markers", "no step markers and no usable shapes: phase `unknown`"),
+    QualityCode("phase_regex_unmatched", "a `--phase-regex` matched no range in the trace"),
     QualityCode("phases_from_shapes", "no step markers: phases read from operator shapes"),
     QualityCode("training_trace", "autograd backward ops found: a training step, so no prefill/decode phase is inferred"),
     QualityCode("unlinked_kernels", "GPU activities without a host launch call of the same correlation id"),

@@ -11,6 +11,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 
 
+# Python lines that print the process's own peak RSS in bytes. Read from VmHWM, not
+# getrusage's ru_maxrss: Linux carries the pre-exec high-water mark into ru_maxrss across
+# execve, so a child started from a large pytest process would report the parent's peak.
+PRINT_PEAK_RSS_BYTES = (
+    "print(next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM:')))\n"
+)
+
+
 def shared_trace(rel: str) -> Path:
     """Path of a file in ../shared/traces; skips the test when the corpus is absent."""
     p = SHARED_TRACES / rel

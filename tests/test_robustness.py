@@ -8,7 +8,6 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from diagnose.analyzers import analyze
 from diagnose.cli import main
 from diagnose.options import AnalysisOptions
 from diagnose.errors import TraceFormatError

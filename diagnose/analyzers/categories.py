@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from importlib import resources
 
 import numpy as np
 import pandas as pd
@@ -17,7 +16,6 @@ from diagnose.analyzers.base import Finding
 from diagnose.numeric import div, num
 from diagnose.trace.model import factorize
 from diagnose.vocab import CATEGORIES, SHARE_CATEGORIES
-from diagnose.yamlio import load_yaml
 
 
 # Generic launch wrappers whose first template argument names the real operator.
@@ -26,9 +24,9 @@ _WRAPPERS = re.compile(r"^(cutlass::)?(Kernel\d*|device_kernel)$")
 
 @lru_cache(maxsize=1)
 def _table() -> tuple[tuple[str, re.Pattern], ...]:
-    text = resources.files("diagnose.data").joinpath("kernel_categories.yaml").read_text()
-    rows = load_yaml(text)["categories"]
-    return tuple((r["category"], re.compile(r["pattern"], re.I)) for r in rows)
+    from diagnose.tables import category_table
+
+    return tuple((r.category, re.compile(r.pattern, re.I)) for r in category_table().categories)
 
 
 def _strip_brackets(s: str, open_ch: str, close_ch: str) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 
 import numpy as np
 import pandas as pd
@@ -25,7 +24,6 @@ from diagnose.analyzers.base import Context
 from diagnose.errors import DiagnoseError
 from diagnose.trace.kineto import parse_input_dims
 from diagnose.trace.model import NO_TIME, Trace, factorize
-from diagnose.yamlio import load_yaml
 
 from diagnose.vocab import STEP_PHASES as PHASES  # noqa: E402
 
@@ -40,9 +38,9 @@ class Grammar:
 
 @lru_cache(maxsize=1)
 def builtin_grammars() -> tuple[Grammar, ...]:
-    text = resources.files("diagnose.data").joinpath("step_markers.yaml").read_text()
-    rows = load_yaml(text)["grammars"]
-    return tuple(Grammar(r["name"], re.compile(r["pattern"]), r.get("phase_map")) for r in rows)
+    from diagnose.tables import marker_table
+
+    return tuple(Grammar(g.name, re.compile(g.pattern), g.phase_map) for g in marker_table().grammars)
 
 
 def user_grammars(specs: tuple[str, ...] | list[str]) -> list[Grammar]:
@@ -65,7 +63,7 @@ def user_grammars(specs: tuple[str, ...] | list[str]) -> list[Grammar]:
             pat = re.compile(rx)
         except re.error as e:
             raise DiagnoseError(f"--phase {phase}: invalid regex {rx!r} ({e})") from None
-        out.append(Grammar(f"user:{phase}", pat, fixed_phase=phase))
+        out.append(Grammar(f"user:{phase}:{len(out)}", pat, fixed_phase=phase))
     return out
 
 
@@ -374,7 +372,14 @@ FINDINGS = ()
 def run(ctx: Context) -> None:
     """The step table from markers (``--phase-regex`` first), else from operator shapes."""
     trace = ctx.trace
-    steps, containers = find_steps(trace, user_grammars(ctx.options.phase_regex))
+    user = user_grammars(ctx.options.phase_regex)
+    steps, containers = find_steps(trace, user)
+    if user:
+        used = set(steps["grammar"]) if len(steps) else set()
+        unmatched = [spec for spec, g in zip(ctx.options.phase_regex, user) if g.name not in used]
+        if unmatched:
+            ctx.note("phase_regex_unmatched", "--phase-regex " + ", ".join(unmatched) + " matched no range in the trace "
+                     "(check the marker names: diagnose run --format json lists the steps found)", len(unmatched))
     if len(steps) == 0:
         steps = steps_from_shapes(trace, ctx.options.batch)
         if len(steps):

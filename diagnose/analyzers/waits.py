@@ -36,7 +36,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 import numpy as np
@@ -46,7 +45,6 @@ from diagnose.analyzers.base import Context, Finding
 from diagnose.analyzers.timeline import MIN_GAP_NS, classify_gaps, union_busy_ns
 from diagnose.trace.model import NO_TIME, Trace
 from diagnose.vocab import EXTERNAL_CAUSES, GAP_CAUSES, GAP_KINDS
-from diagnose.yamlio import load_yaml
 
 FINDINGS = (
     Finding("<phase>.idle_<cause>_ms", "ms", "idle time of the phase by cause (launch, graph, host_blocked, dependency, cold_start, profiler_overhead, not_in_trace)"),
@@ -80,8 +78,9 @@ assert GAP_KINDS == ("launch", "graph", "other", "unattributed")
 
 @lru_cache(maxsize=1)
 def _patterns() -> tuple[tuple[str, str, re.Pattern], ...]:
-    rows = load_yaml(resources.files("diagnose.data").joinpath("host_calls.yaml").read_text())["rows"]
-    return tuple((r["cause"], r["what"], re.compile(r["pattern"], re.I)) for r in rows)
+    from diagnose.tables import host_call_table
+
+    return tuple((r.cause, r.what, re.compile(r.pattern, re.I)) for r in host_call_table().rows)
 
 
 def _cause_of(name: str, what: str) -> str | None:

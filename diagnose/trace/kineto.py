@@ -49,7 +49,7 @@ import numpy as np
 
 from diagnose.errors import TraceFormatError
 from diagnose.trace.apis import api_kind
-from diagnose.trace.reading import read_bytes, read_bytes_partial  # noqa: F401 - read_bytes re-exported
+from diagnose.trace.reading import read_bytes_partial
 from diagnose.trace.model import (
     ANNOTATION_COLUMNS,
     CPU_OP_COLUMNS,
@@ -656,9 +656,10 @@ def _split_rank_pids(vals: list) -> tuple[list, list | None]:
     return vals, labels
 
 
-def _ids(vals: list, default: int = -1) -> np.ndarray:
-    """pid/tid-like values (int, "stream 7", None...) as int64; see _as_int."""
-    if set(map(type, vals)) == {int}:  # only then: np.fromiter would also parse "-7" or "7"
+def _ids(vals: list, default: int = -1, types: set | None = None) -> np.ndarray:
+    """pid/tid-like values (int, "stream 7", None...) as int64; see _as_int. ``types``: the
+    set of the values' types, when the caller has it."""
+    if (types if types is not None else set(map(type, vals))) == {int}:  # only then: np.fromiter would also parse "-7" or "7"
         try:
             return np.fromiter(vals, np.int64, len(vals))
         except OverflowError:
@@ -684,21 +685,30 @@ class _Raw:
             self.dur = np.array([_NAN if v is None else v for v in map(_get_dur, evs)], dtype=np.float64)
         self._args = list(map(_get_args, evs))
         self._pids: list | None = None
+        self._types: set | None = None
         self._labels: list | None = None
 
     def _pid_values(self) -> list:
         if self._pids is None:
             vals = list(map(_get_pid, self.evs))
-            if str in set(map(type, vals)):
+            self._types = set(map(type, vals))
+            if str in self._types:
                 vals, self._labels = _split_rank_pids(vals)
+                self._types = None
             self._pids = vals
         return self._pids
 
     def pid(self, default: int = -1) -> np.ndarray:
-        return _ids(self._pid_values(), default)
+        return _ids(self._pid_values(), default, self._types)
 
-    def rank_labels(self) -> list | None:
-        """The rank label of each event ("" for none), None when no event has one."""
+    def rank_labels(self, look: bool = True) -> list | None:
+        """The rank label of each event ("" for none), None when no event has one. With
+        ``look`` False, and when the pids were not read for a column, only a sample of the
+        events (first, middle, last) is looked at first: a merged file labels every event."""
+        if self._pids is None and not look:
+            evs = self.evs
+            if not any(type(e.pid) is str for e in (evs[0], evs[len(evs) // 2], evs[-1])):
+                return None
         self._pid_values()
         return self._labels
 
@@ -895,6 +905,7 @@ class _Columns:
         self.n = dict.fromkeys(_COUNTERS, 0)
         self.pyfunc_by_rank: dict[str, list[int]] = {}  # rank label -> [count, ns] (merged files)
         self.be: list[tuple] = []
+        self.labelled = False  # a rank label was seen: look at every pid from now on
 
     def add(self, events: list, strict: bool = False, count: bool = True) -> None:
         """Add decoded events: ``strict`` for :data:`_StrictEvent` lists, else :class:`_Event`."""
@@ -959,8 +970,9 @@ class _Columns:
         ns = np.where(keep, end - start, 0)
         self.n["pyfunc"] += r.n
         self.n["pyfunc_ns"] += int(ns.sum())
-        labels = r.rank_labels()
+        labels = r.rank_labels(look=self.labelled)
         if labels is not None:
+            self.labelled = True
             for label, dur in zip(labels, ns.tolist()):
                 c = self.pyfunc_by_rank.setdefault(label, [0, 0])
                 c[0] += 1
@@ -989,8 +1001,9 @@ class _Columns:
 
     def _keep(self, part: str, d: dict, keep: np.ndarray, r: _Raw) -> None:
         self.n["dropped"] += int((~keep).sum())
-        labels = r.rank_labels()
+        labels = r.rank_labels(look=self.labelled)
         if labels is not None:
+            self.labelled = True
             d["rank"] = labels
         self.parts[part].append(_select(d, keep))
 

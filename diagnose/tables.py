@@ -1,0 +1,121 @@
+"""The packaged data tables, typed: each YAML file in ``diagnose/data/`` is converted with
+msgspec into Structs (unknown keys, wrong types and missing fields are refused with the path
+of the offending value), then checked for what types cannot say (regexes compile, numbers
+are positive). One loader for every table instead of hand validation per table.
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from importlib import resources
+from typing import Literal, Optional
+
+import msgspec
+
+from diagnose.errors import DiagnoseError
+from diagnose.vocab import CATEGORIES, STEP_PHASES
+from diagnose.yamlio import load_yaml
+
+
+class CategoryRow(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    category: Literal[tuple(c for c in CATEGORIES if c not in ("memcpy", "memset"))]  # type: ignore[valid-type]
+    pattern: str
+    source: str
+
+
+class CategoryTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    categories: list[CategoryRow]
+
+
+class MarkerGrammar(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    name: str
+    pattern: str
+    source: str
+    phase_map: Optional[dict[str, Literal[STEP_PHASES]]] = None  # type: ignore[valid-type]
+
+
+class MarkerTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    grammars: list[MarkerGrammar]
+
+
+class HostCallRow(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    cause: Literal["cold_start", "profiler_overhead", "host_blocked"]
+    what: Literal["overhead", "runtime", "range"]
+    pattern: str
+    source: str
+
+
+class HostCallTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    rows: list[HostCallRow]
+
+
+class GpuRow(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    name: str
+    vendor: str
+    aliases: list[str]
+    dense_fp16_tflops: float
+    dense_fp8_tflops: Optional[float]
+    memory_bandwidth_tbps: float
+    memory_gb: float
+    source: str
+    source_url: str
+    note: Optional[str]
+
+
+class GpuTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    gpus: list[GpuRow]
+
+
+def _compile(pattern: str, where: str, flags: int = 0) -> None:
+    try:
+        re.compile(pattern, flags)
+    except re.error as e:
+        raise DiagnoseError(f"{where}: bad regex {pattern!r}: {e}") from None
+
+
+def load_table(filename: str, kind: type[msgspec.Struct]):
+    """``diagnose/data/<filename>`` converted to ``kind``.
+
+    Raises:
+        DiagnoseError: the file does not fit the type (the message names the file and path),
+            a regex does not compile, or a number is not positive.
+    """
+    text = resources.files("diagnose.data").joinpath(filename).read_text(encoding="utf-8")
+    try:
+        table = msgspec.convert(load_yaml(text), kind)
+    except msgspec.ValidationError as e:
+        raise DiagnoseError(f"diagnose/data/{filename}: {e}") from None
+    if isinstance(table, GpuTable):
+        for r in table.gpus:
+            if not r.aliases:
+                raise DiagnoseError(f"diagnose/data/{filename}: row {r.name!r}: aliases must not be empty")
+            for a in r.aliases:
+                _compile(a, f"diagnose/data/{filename}: row {r.name!r}", re.IGNORECASE)
+            for k in ("dense_fp16_tflops", "memory_bandwidth_tbps", "memory_gb", "dense_fp8_tflops"):
+                v = getattr(r, k)
+                if v is not None and not v > 0:
+                    raise DiagnoseError(f"diagnose/data/{filename}: row {r.name!r}: {k} must be a positive number")
+    else:
+        for r in getattr(table, "categories", None) or getattr(table, "grammars", None) or getattr(table, "rows", None) or ():
+            _compile(r.pattern, f"diagnose/data/{filename}", re.IGNORECASE)
+    return table
+
+
+@lru_cache(maxsize=None)
+def category_table() -> CategoryTable:
+    return load_table("kernel_categories.yaml", CategoryTable)
+
+
+@lru_cache(maxsize=None)
+def marker_table() -> MarkerTable:
+    return load_table("step_markers.yaml", MarkerTable)
+
+
+@lru_cache(maxsize=None)
+def host_call_table() -> HostCallTable:
+    return load_table("host_calls.yaml", HostCallTable)
+
+
+@lru_cache(maxsize=None)
+def gpu_table() -> GpuTable:
+    return load_table("gpus.yaml", GpuTable)
