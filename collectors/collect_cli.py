@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import click
 
+from diagnose.clitypes import POSITIVE_INT_LIST
 from diagnose.collectors.presets import get_preset, preset_names
 from diagnose.errors import DiagnoseError
 
@@ -118,21 +119,6 @@ def collect_torch_cmd(
     )
 
 
-def _int_list(value: str, flag: str) -> list[int]:
-    """Parse ``"512,2048"`` into ints >= 1, or raise a one-line usage error."""
-    out: list[int] = []
-    for part in value.split(","):
-        part = part.strip()
-        try:
-            n = int(part)
-        except ValueError:
-            raise OneLineUsageError(f"{flag} takes comma-separated integers, got {value!r}") from None
-        if n < 1:
-            raise OneLineUsageError(f"{flag} values must be integers >= 1, got {n}")
-        out.append(n)
-    return out
-
-
 @collect_group.command(name="bench", cls=_OneLineCommand)
 @click.option("--config", "config_name", metavar="|".join(preset_names()), help="Model config preset (random weights).")
 @click.option("--model", "model_path", metavar="PATH", help="Local checkpoint directory (real weights; enables --perplexity-text).")
@@ -143,9 +129,9 @@ def _int_list(value: str, flag: str) -> list[int]:
     default=None,
     help="Weights/activations/KV dtype [default: fp32 on cpu, bf16 on cuda].",
 )
-@click.option("--prompt-lens", default="512,2048,8192", show_default=True, help="Prefill prompt lengths S (batch 1), comma-separated.")
-@click.option("--batches", default="1,8,32", show_default=True, help="Decode batch sizes B, comma-separated.")
-@click.option("--contexts", default="2048,16384", show_default=True, help="Decode KV-cache lengths C, comma-separated (every B x C is a row).")
+@click.option("--prompt-lens", "p_lens", type=POSITIVE_INT_LIST, default="512,2048,8192", show_default=True, help="Prefill prompt lengths S (batch 1), comma-separated.")
+@click.option("--batches", "b_list", type=POSITIVE_INT_LIST, default="1,8,32", show_default=True, help="Decode batch sizes B, comma-separated.")
+@click.option("--contexts", "c_list", type=POSITIVE_INT_LIST, default="2048,16384", show_default=True, help="Decode KV-cache lengths C, comma-separated (every B x C is a row).")
 @click.option("--warmup", type=int, default=2, show_default=True, help="Untimed iterations per row.")
 @click.option("--iters", type=int, default=10, show_default=True, help="Timed iterations per row.")
 @click.option("--gpu", default=None, help="GPU peak-table row (e.g. H100-SXM); default: from the CUDA device name.")
@@ -159,9 +145,9 @@ def collect_bench_cmd(
     model_path: str | None,
     device: str,
     dtype: str | None,
-    prompt_lens: str,
-    batches: str,
-    contexts: str,
+    p_lens: list[int],
+    b_list: list[int],
+    c_list: list[int],
     warmup: int,
     iters: int,
     gpu: str | None,
@@ -181,9 +167,6 @@ def collect_bench_cmd(
 
     if dtype is None:
         dtype = "bf16" if device == "cuda" else "fp32"
-    p_lens = _int_list(prompt_lens, "--prompt-lens")
-    b_list = _int_list(batches, "--batches")
-    c_list = _int_list(contexts, "--contexts")
     try:
         if config_name is not None and model_path is not None:
             raise DiagnoseError("give exactly one of --config or --model")
