@@ -23,7 +23,7 @@ VLLM_MIXED = "execute_8192_context_9(sq8155sk8430sqsq1sqsk1)_generation_37(sq37s
 
 #: Float arithmetic only (the report rounds ms to 6 decimals and divides them): not a tolerance
 #: on the behaviour.
-FLOAT = dict(rel=1e-9, abs=1e-12)
+FLOAT = {"rel": 1e-9, "abs": 1e-12}
 
 
 def _report(builder, tmp_path, name: str, **options) -> dict:
