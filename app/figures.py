@@ -319,6 +319,9 @@ def roofline_figure(report: Mapping, device: int | None = None) -> go.Figure:
     not_plotted = []
     for name, p in phases.items():
         ai, ach = _num(p.get("arithmetic_intensity")), _num(p.get("achieved_tflops"))
+        if "arithmetic_intensity" in (p.get("unreliable") or []):
+            not_plotted.append(f"{name}: cannot be read from this trace (see Data quality)")
+            continue
         if ai is None or ach is None or ai <= 0 or ach <= 0:
             if name != "all" and p.get("kernel_count"):
                 not_plotted.append(f"{name}: {_missing_reason(p, 'arithmetic_intensity', 'arithmetic intensity')}")
@@ -474,7 +477,9 @@ def phases_table_data(report: Mapping, device: int | None = None) -> dict:
                     reason = f"no {ph} phase in the trace"
                 else:
                     v = p.get(key)
-                    if v is None:
+                    if v is not None and key in (p.get("unreliable") or []):
+                        v, reason = None, "cannot be read from this trace (see Data quality: e.g. a fragment of a forward)"
+                    elif v is None:
                         if key in ("launch_gap_share", "gpu_idle_share", "attention_share"):
                             reason = "no GPU activity in this phase"
                         else:

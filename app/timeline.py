@@ -124,7 +124,7 @@ def _device_gaps(s: np.ndarray, e: np.ndarray, le: np.ndarray, lk: np.ndarray, g
     if host is not None and tids is not None and len(gs):
         from diagnose.analyzers.waits import _CAUSE_ID, attribute
 
-        cause, _ = attribute(gs, ge, gk, tids[gi], host)
+        cause, _ = attribute(gs, ge, gk, tids[gi], host, np.where(lk, le, NO_TIME)[gi])
         move = (gk == GAP_KINDS.index("launch")) & (cause != _CAUSE_ID["launch"])
         gk = np.where(move, GAP_KINDS.index("other"), gk).astype(np.int8)
     return gs, ge, gk, gi

@@ -11,7 +11,7 @@ from functools import lru_cache
 from diagnose import compare, findings, sweep
 from diagnose.analyzers import ANALYZERS
 from diagnose.analyzers.base import Finding
-from diagnose.vocab import CATEGORIES, GAP_CAUSES, GAP_KINDS, PHASES
+from diagnose.vocab import CATEGORIES, FINDING_PHASES, GAP_CAUSES, GAP_KINDS
 
 
 @lru_cache(maxsize=1)
@@ -28,7 +28,7 @@ _SEGMENT = r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*"
 
 def _pattern_to_regex(pat: str) -> str:
     rx = re.escape(pat)
-    rx = rx.replace(re.escape("<phase>"), "(?:" + "|".join(PHASES) + ")")
+    rx = rx.replace(re.escape("<phase>"), "(?:" + "|".join(FINDING_PHASES) + ")")
     rx = rx.replace(re.escape("<category>"), "(?:" + "|".join(CATEGORIES) + ")")
     rx = rx.replace(re.escape("<kind>"), "(?:" + "|".join(GAP_KINDS) + ")")
     rx = rx.replace(re.escape("<cause>"), "(?:" + "|".join(GAP_CAUSES) + ")")

@@ -74,14 +74,27 @@ def select_device(report: Mapping[str, Any], device: int | None = None) -> int |
     return best.get("device")
 
 
+def _main_row(rows: list[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The step phase row with the most own time (``trace.main_phase``), else the ``all`` row."""
+    from diagnose.vocab import STEP_PHASES
+
+    steps = [p for p in rows if p.get("name") in STEP_PHASES]
+    if steps:
+        return max(steps, key=lambda p: num(p.get("own_ms")) or 0.0)
+    return next((p for p in rows if p.get("name") == "all"), None)
+
+
 def unreliable_findings(report: Mapping[str, Any], device: int | None = None) -> set[str]:
     """Dotted names of the selected device's phase numbers the report marks unreliable
     (each phase's ``unreliable`` list, e.g. idle and launch-gap shares when graph coverage is low)."""
     dev = select_device(report, device)
     out: set[str] = set()
-    for p in report.get("phases") or []:
-        if p.get("device") == dev and p.get("name") in PHASES:
-            out |= {f"{p['name']}.{k}" for k in p.get("unreliable") or []}
+    rows = [p for p in report.get("phases") or [] if p.get("device") == dev and p.get("name") in PHASES]
+    for p in rows:
+        out |= {f"{p['name']}.{k}" for k in p.get("unreliable") or []}
+    main = _main_row(rows)
+    if main is not None:
+        out |= {f"main.{k}" for k in main.get("unreliable") or []}
     return out
 
 
@@ -104,12 +117,13 @@ def findings_from_report(report: Mapping[str, Any], device: int | None = None, i
     """
     out: Findings = {}
     dev = select_device(report, device)
-    for p in report.get("phases") or []:
-        if p.get("device") == dev and p.get("name") in PHASES:
-            for module in ANALYZERS:
-                f = getattr(module, "findings_of_phase", None)
-                if f is not None:
-                    f(p, out)
+    rows = [p for p in report.get("phases") or [] if p.get("device") == dev and p.get("name") in PHASES]
+    main = _main_row(rows)
+    for p in rows + ([{**main, "name": "main"}] if main is not None else []):
+        for module in ANALYZERS:
+            f = getattr(module, "findings_of_phase", None)
+            if f is not None:
+                f(p, out)
     for module in ANALYZERS:
         f = getattr(module, "findings", None)
         if f is not None:
@@ -151,6 +165,9 @@ def labels_from_report(report: Mapping[str, Any], device: int | None = None) -> 
     out: dict[str, str] = {}
     own = {n: num(rows[n].get("own_ms")) or 0.0 for n in STEP_PHASES if n in rows}
     out["trace.main_phase"] = max(own, key=lambda n: own[n]) if own else "the trace"
+    main = _main_row(list(rows.values()))
+    if main is not None:
+        rows = {**rows, "main": main}
     for n, p in rows.items():
         top = p.get("top_kernels") or []
         if top:

@@ -111,16 +111,17 @@ class Report:
         for dev in sorted(g["device"].unique()):
             m = (g["device"] == dev).to_numpy()
             sub = g[m]
-            st = analyze_gaps(sub["start_ns"].to_numpy(), sub["end_ns"].to_numpy(), launch_end_for_gaps(sub),
-                              sub["graph_followup"].to_numpy())
+            le = launch_end_for_gaps(sub)
+            st = analyze_gaps(sub["start_ns"].to_numpy(), sub["end_ns"].to_numpy(), le, sub["graph_followup"].to_numpy())
             if len(st.gap_start) == 0:
                 continue
             tids = sub["launch_tid"].to_numpy()[st.order]
             names = sub["name"].to_numpy(dtype=object)[st.order]
             ln = lnames[m][st.order]
-            cause, cover = attribute(st.gap_start, st.gap_end, st.gap_kind, tids[st.gap_next], host)
+            gap_le = le[st.order][st.gap_next]
+            cause, cover = attribute(st.gap_start, st.gap_end, st.gap_kind, tids[st.gap_next], host, gap_le)
             reclassify_late_launches(st, cause)
-            cg = Gaps(st.gap_start, st.gap_end, st.gap_kind, cause, st.gap_next, cover)
+            cg = Gaps(st.gap_start, st.gap_end, st.gap_kind, cause, st.gap_next, cover, gap_le)
             dur = st.gap_end - st.gap_start
             named = np.zeros(len(dur), dtype=bool)
             named[np.argsort(-dur, kind="stable")[:MAX_NAMED_GAPS]] = True

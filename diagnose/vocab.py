@@ -15,6 +15,12 @@ PHASES = ("all", "prefill", "decode", "mixed", "unknown")
 #: Phases a step can have.
 STEP_PHASES = ("prefill", "decode", "mixed")
 
+#: Phase names a finding may start with: the report's phase rows, plus ``main``, the step
+#: phase with the most own time on the device (``all`` when the trace has no steps). Rules
+#: about "the step" read ``main.*`` so work outside the steps (the previous step's tail,
+#: warm-up) does not count.
+FINDING_PHASES = PHASES + ("main",)
+
 SEVERITIES = ("info", "low", "medium", "high", "critical")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 SEVERITY_COLORS = {"critical": "#7b0000", "high": "#c62828", "medium": "#ef6c00", "low": "#f9a825",
@@ -78,9 +84,11 @@ GAP_CAUSE_TABLE: tuple[GapCause, ...] = (
     GapCause("graph", "gap between kernels of one CUDA/HIP graph replay", False),
     GapCause("host_blocked", "the host was blocked in a call (synchronize, blocking copy, event wait)", False),
     GapCause("dependency", "the next work was launched in time but waited (another stream, an event, a copy)", False),
+    GapCause("switch", "the next kernel was already queued and started within a few µs (kernel-switch overhead)", False),
     GapCause("cold_start", "first-iteration cost: lazy module loading, cubin/JIT load, compilation", True),
     GapCause("profiler_overhead", "the profiler itself (CUPTI/roctracer buffer handling)", True),
     GapCause("not_in_trace", "the next work has no launch call in the trace", True),
+    GapCause("unknown", "the next work's launch call is in the trace but its time is unusable (host and GPU clocks disagree: clock_skew)", False),
     GapCause("outside_trace", "the GPU was busy with or waiting for work not in the trace (e.g. the previous step: pipelining)", True),
     GapCause("pipelined", "the GPU was still running earlier work of the trace (the previous step: healthy pipelining)", True),
 )

@@ -311,7 +311,7 @@ def test_min_samples_makes_rule_not_evaluated():
 
 def test_symptom_entry_shape_and_worst_first_order():
     f = {"decode.launch_gap_share": 0.42, "decode.activity_count": 400, "decode.mbu": 0.85,
-         "all.gpu_idle_share": 0.5, "all.activity_count": 400, "decode.gpu_idle_share": 0.45}
+         "all.gpu_idle_share": 0.5, "all.gpu_idle_own_share": 0.5, "all.activity_count": 400, "decode.gpu_idle_share": 0.45}
     v = evaluate(load_rules(), f)
     assert v.fired_ids == ["S3-launch-gaps", "S3-gpu-idle", "decode-at-bandwidth-limit"]  # high, medium, info
     s = v.symptoms[0]

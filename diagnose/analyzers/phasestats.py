@@ -6,6 +6,7 @@ device, one per step phase present on it, and ``unknown`` for activity no step c
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ import pandas as pd
 
 from diagnose.analyzers.attainment import NO_ATTAINMENT, phase_attainment
 from diagnose.analyzers.base import Context, Finding
-from diagnose.analyzers.latency import union_ns
+from diagnose.analyzers.latency import latency_findings, union_ns
 from diagnose.analyzers.result import PhaseResult
 from diagnose.analyzers.timeline import analyze_gaps, gap_distribution, union_busy_ns
 from diagnose.analyzers.waits import (
@@ -24,7 +25,9 @@ from diagnose.analyzers.waits import (
     idle_by_cause_ms,
     launch_end_for_gaps,
     longest,
+    outside_waits_ns,
     reclassify_late_launches,
+    relabel_outside,
 )
 from diagnose.numeric import div, num
 from diagnose.trace.model import NO_TIME, Trace
@@ -64,22 +67,30 @@ def _r(x: float | None, nd: int = 6) -> float | None:
 
 def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, wall_ns: int, unreliable: tuple[str, ...] = (),
                 attainment: dict[str, Any] | None = None, own_ns: int | None = None, host: HostIndex | None = None,
-                t0: int = 0, launch_names: np.ndarray | None = None) -> PhaseResult:
+                t0: int = 0, launch_names: np.ndarray | None = None,
+                outside: tuple[np.ndarray, np.ndarray] | None = None) -> PhaseResult:
     """Timeline, category, gap-cause and top-kernel numbers of one phase on one device
-    (``sub``: its activities; ``host``: what the host did, for the gap causes)."""
+    (``sub``: its activities; ``host``: what the host did, for the gap causes; ``outside``:
+    sorted start/end ns of the steps' ``outside_trace`` waits on this device: a queued gap
+    mostly inside one is ``outside_trace`` here too, so the two views agree)."""
+    launch_end = launch_end_for_gaps(sub)
     gaps = analyze_gaps(
         sub["start_ns"].to_numpy(),
         sub["end_ns"].to_numpy(),
-        launch_end_for_gaps(sub),
+        launch_end,
         sub["graph_followup"].to_numpy(),
     )
     tids = sub["launch_tid"].to_numpy()[gaps.order] if len(sub) else np.zeros(0, dtype=np.int64)
     names = sub["name"].to_numpy(dtype=object)[gaps.order] if len(sub) else np.zeros(0, dtype=object)
     lnames = launch_names[gaps.order] if launch_names is not None and len(sub) else None
     host = host or HostIndex()
-    cause, cover = attribute(gaps.gap_start, gaps.gap_end, gaps.gap_kind, tids[gaps.gap_next] if len(gaps.gap_next) else tids[:0], host)
+    gap_le = launch_end[gaps.order][gaps.gap_next] if len(gaps.gap_next) else launch_end[:0]
+    cause, cover = attribute(gaps.gap_start, gaps.gap_end, gaps.gap_kind, tids[gaps.gap_next] if len(gaps.gap_next) else tids[:0], host,
+                             gap_le)
+    if outside is not None and len(outside[0]) and len(cause):
+        relabel_outside(gaps.gap_start, gaps.gap_end, cause, *outside)
     reclassify_late_launches(gaps, cause)
-    cg = Gaps(gaps.gap_start, gaps.gap_end, gaps.gap_kind, cause, gaps.gap_next, cover)
+    cg = Gaps(gaps.gap_start, gaps.gap_end, gaps.gap_kind, cause, gaps.gap_next, cover, gap_le)
     dur = (sub["end_ns"] - sub["start_ns"]).to_numpy()
     cat_id = sub["category_id"].to_numpy()
     # per category: sums exact in float64 below 2**53 ns (104 days)
@@ -150,6 +161,13 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
 
 
 
+#: Phase numbers that a window holding part of a forward cannot give.
+FRAGMENT_UNRELIABLE = ("mbu", "mfu", "bound_ratio", "achieved_tbps", "achieved_tflops", "arithmetic_intensity")
+
+TPOT_FRAGMENTS = ("steps whose window holds part of a forward (quality 'fragment') are left out: "
+                  "interval between completions of consecutive whole decode steps")
+
+
 def run(ctx: Context) -> None:
     trace, g, steps = ctx.trace, ctx.activities, ctx.steps
     host, t0 = ctx.extra.get("_host"), ctx.extra.get("_t0", 0)
@@ -160,9 +178,11 @@ def run(ctx: Context) -> None:
     devices_present = [d["id"] for d in ctx.devices]
     phases: list[PhaseResult] = []
     phase_names = [p for p in STEP_PHASES if len(steps) and (steps["phase"] == p).any()]
+    frag_steps: set = set(ctx.extra.get("_fragment_steps") or ())
     for dev in devices_present or [None]:
         sub_all = g[g["device"] == dev] if dev is not None else g.iloc[0:0]
         dev_steps = steps if dev is None else steps[steps["device_activity_count"].apply(lambda m: dev in m)]
+        kw["outside"] = outside_waits_ns(dev_steps, t0)
         all_wall = _all_wall_ns(sub_all, dev_steps) if (len(sub_all) or len(dev_steps)) else _cpu_span_ns(trace)
         ln_all = lnames_all[(g["device"] == dev).to_numpy()] if dev is not None else lnames_all[:0]
         phases.append(phase_stats("all", dev, sub_all, len(steps), all_wall, unreliable, launch_names=ln_all, **kw))
@@ -175,8 +195,12 @@ def run(ctx: Context) -> None:
             att = phase_attainment(p, ps, ctx.attainment_inputs, graph_steps[ps.index.to_numpy()])
             unrel = list(unreliable)
             cov = att.get("forward_coverage")
+            shape_fragment = bool(frag_steps & set(ps.index.tolist()))  # tracetype's test (no model config)
+            if cov is not None and cov < 0.5 or shape_fragment:
+                unrel += [k for k in FRAGMENT_UNRELIABLE if k not in unrel]
+                if not shape_fragment:
+                    frag_steps |= set(ps.index.tolist())
             if cov is not None and cov < 0.5:
-                unrel += ["mbu", "mfu", "bound_ratio", "achieved_tbps", "achieved_tflops", "arithmetic_intensity"]
                 ctx.note("fragment", f"{p}: the operators in the step windows account for {cov:.0%} of the model config's FLOPs: "
                          "the window holds part of a forward, so TPOT, MBU and the bound ratio cannot be read from it "
                          "(launch gaps and idle time still can)")
@@ -191,6 +215,11 @@ def run(ctx: Context) -> None:
             wall = int(unk["end_ns"].max() - unk["start_ns"].min())
             phases.append(phase_stats("unknown", dev, unk, 0, wall, launch_names=ln_all[um], **kw))
     ctx.phases = phases
+    if frag_steps and ctx.latency is not None:
+        # a fragment's time is not a step's: TTFT/TPOT/ITL come from the whole steps only
+        whole = steps.drop(index=sorted(frag_steps))
+        ctx.latency = dataclasses.replace(latency_findings(whole), tpot_definition=TPOT_FRAGMENTS,
+                                          itl_definition=TPOT_FRAGMENTS)
 
 
 def _all_wall_ns(acts: pd.DataFrame, steps: pd.DataFrame) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from diagnose.engine.rule import Rule
-from diagnose.vocab import CATEGORIES, PHASES
+from diagnose.vocab import CATEGORIES, FINDING_PHASES
 
 
 def rules_markdown(rules: Sequence[Rule]) -> str:
@@ -84,7 +84,7 @@ def rules_markdown(rules: Sequence[Rule]) -> str:
     L.append("")
     L.append("## Findings")
     L.append("")
-    L.append("Numbers only (flags are 0/1); `None` when unknown. `<phase>` is one of " + ", ".join(PHASES) + ";")
+    L.append("Numbers only (flags are 0/1); `None` when unknown. `<phase>` is one of " + ", ".join(FINDING_PHASES) + " (`main`: the step phase with the most own time, `all` without steps);")
     L.append("phase findings describe one GPU device: the one with the most GPU busy time unless `--device` is given.")
     L.append("`<category>` is one of " + ", ".join(CATEGORIES) + ".")
     L.append("")

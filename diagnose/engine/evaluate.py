@@ -7,7 +7,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from diagnose.engine.condition import eval_condition, mangle
 from diagnose.engine.rule import Number, Rule, apply_overrides, render_template
-from diagnose.vocab import SEVERITY_RANK
+from diagnose.vocab import SEVERITY_RANK, STEP_PHASES
 
 
 @dataclass
@@ -54,6 +54,15 @@ class Verdicts:
 
 
 from diagnose.numeric import num as _clean  # noqa: E402
+
+
+def _stake_base_ms(findings: Mapping[str, Any]) -> float | None:
+    """What a stake is a share of: the steps' own time (sum of ``<phase>.own_ms`` over the
+    step phases), or the whole GPU window (``all.window_ms``) when the trace has no steps.
+    Time outside the steps (the previous step's tail, waits on work not in the trace) is
+    not what a rule's lever can win back."""
+    own = [x for x in (_clean(findings.get(f"{p}.own_ms")) for p in STEP_PHASES) if x]
+    return sum(own) if own else _clean(findings.get("all.window_ms"))
 
 
 def severity_for_share(share: float) -> str:
@@ -124,8 +133,8 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
         :class:`Verdicts`; a rule with a missing required finding, too few samples, a
         condition that cannot be computed (division by zero), or whose ``not_on`` names a
         quality code the trace has (``quality.<code>`` > 0), is in ``not_evaluated``. Fired
-        symptoms with ``stake_ms`` get their severity from the share of the GPU window at
-        stake (:func:`severity_for_share`); symptoms are ranked by severity, then rules that
+        symptoms with ``stake_ms`` get their severity from the share at stake of the steps'
+        own time (the GPU window without steps; :func:`severity_for_share`); symptoms are ranked by severity, then rules that
         name a root cause (``kind: cause``) before those that describe a symptom, then time at
         stake; those sharing a ``cause`` are grouped under the first (``grouped_under``).
 
@@ -216,7 +225,7 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
                     stake = eval_expression(r.stake_tree, senv)
                 except (ZeroDivisionError, OverflowError, KeyError):
                     stake = None
-                window = _clean(findings.get("all.window_ms"))
+                window = _stake_base_ms(findings)
                 if stake is not None:
                     entry["stake_ms"] = round(stake, 6)
                     if window:

@@ -104,11 +104,11 @@ def render_report(d: dict[str, Any], console: Console | None = None, metadata: d
         for k in extra_cols:
             v = p.get(k)
             cell = _pct(v) if k in ("mfu", "mbu") else _num(v, 2)
-            row.append(cell + " ?" if v is not None and k in (p.get("unreliable") or []) else cell)
+            row.append("n/a" if v is not None and k in (p.get("unreliable") or []) else cell)
         t.add_row(*row)
     c.print(t)
     c.print("[dim]own = GPU span of the steps minus waits not caused by them (the time base of TTFT, TPOT, MFU, MBU); "
-            "wall = marker start to GPU end" + ("; ? = unreliable (see Data quality)" if any(p.get("unreliable") for p in d["phases"]) else "")
+            "wall = marker start to GPU end" + ("; n/a = cannot be read from this trace (see Data quality)" if any(p.get("unreliable") for p in d["phases"]) else "")
             + "[/dim]")
 
     lat = d["latency"]
