@@ -32,7 +32,8 @@ from typing import Any
 import msgspec
 
 _FIELDS = ("ph", "cat", "name", "ts", "dur", "pid", "tid", "args", "id")
-_ARG_FIELDS = ("device", "stream", "correlation", "External id", "external id", "bytes", "Input Dims", "Input type")
+_ARG_FIELDS = ("device", "stream", "correlation", "External id", "external id", "bytes", "Input Dims", "Input type",
+               "Concrete Inputs")
 _CATS = ("kernel", "Kernel", "cuda_runtime", "cuda_driver", "cpu_op", "user_annotation", "gpu_user_annotation",
          "gpu_memcpy", "gpu_memset", "cuda_sync", "python_function", "ac2g")
 _NAMES = ("cudaLaunchKernel", "cudaGraphLaunch", "hipGraphLaunch", "INVALID", "aten::linear", "aten::mm",

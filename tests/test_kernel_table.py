@@ -231,6 +231,7 @@ def test_duplicate_external_ids_pick_the_flop_op(sglang):
         "tid": [mm.tid, mm.tid],
         "input_dims": [b"[[15360, 4096], [24576, 4096], []]", b"[[], [], [], []]"],
         "input_types": [b'["c10::BFloat16", "c10::BFloat16", ""]', None],
+        "concrete_inputs": [None, None],
     })
     tr2 = dataclasses.replace(tr, cpu_ops=pd.concat([ops, extra[ops.columns]], ignore_index=True))
     kt = kernel_table(tr2, a.activities, None, steps=a.steps)

@@ -10,8 +10,8 @@ Sources of each input (the report lists the ones that were missing in ``attainme
   so FLOPs and kernels of a step are the same work. Steps replayed from a CUDA graph run no
   operators on the CPU: their FLOPs come from the model config instead (domain.md §2:
   decode ``2 * P * B`` plus attention ``4 * n_h * d * ctx * L * B``; prefill linear + LM head +
-  causal attention). Attention FLOPs from SDPA shapes use full masking (an upper bound: the
-  causal flag is not in the shapes).
+  causal attention). SDPA-family attention is causal when the op's ``Concrete Inputs`` say
+  ``is_causal`` (``cpu_ops.concrete_inputs``), else counted with a full mask (an upper bound).
 * **Bytes** — from the model config when known (:func:`diagnose.accounting.step_cost`: MoE
   experts touched, quantized weights, sliding windows, MLA and tensor parallelism per rank) (trace metadata ``diagnose.model_config`` or
   ``--model-config``): decode step = weight bytes + KV tokens read x KV bytes per token;
@@ -46,7 +46,7 @@ from diagnose.roofline import roofline
 from diagnose.trace.kineto import parse_input_dims
 from diagnose.trace.model import Trace
 
-from diagnose.analyzers.opcost import FLOP_OPS, op_bytes, op_flops  # noqa: E402  (re-exported)
+from diagnose.analyzers.opcost import FLOP_OPS, MoeLayerBytes, op_bytes, op_flops  # noqa: E402  (re-exported)
 
 
 def step_shape_flops(trace: Trace, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -120,12 +120,50 @@ class AttainmentInputs:
     notes: list[str] = field(default_factory=list)
 
 
+def _step_cost(spec: ModelSpec, inp: AttainmentInputs, phase: str, batch, tokens, kv_tokens) -> accounting.StepCost:
+    """:func:`diagnose.accounting.step_cost` of one step on one rank with the inputs' dtypes,
+    tensor parallelism and LM-head convention."""
+    return accounting.step_cost(spec, phase, batch=batch, tokens=tokens, kv_tokens=kv_tokens, weight_dtype=inp.weight_dtype,
+                                kv_dtype=inp.kv_dtype, tp=inp.tp, lm_head=inp.lm_head)
+
+
 def _analytic_step(spec: ModelSpec, inp: AttainmentInputs, phase: str, batch, tokens, kv_tokens) -> tuple[float | None, float | None]:
     """(flops, bytes) of one step on one rank from the model config
     (:func:`diagnose.accounting.step_cost`), None where inputs are missing."""
-    c = accounting.step_cost(spec, phase, batch=batch, tokens=tokens, kv_tokens=kv_tokens, weight_dtype=inp.weight_dtype,
-                             kv_dtype=inp.kv_dtype, tp=inp.tp, lm_head=inp.lm_head)
+    c = _step_cost(spec, inp, phase, batch, tokens, kv_tokens)
     return (None if c.flops is None else float(c.flops)), (None if c.bytes is None else float(c.bytes))
+
+
+def moe_layer_bytes(steps: pd.DataFrame | None, inp: AttainmentInputs | None) -> MoeLayerBytes | None:
+    """Per step, the routed-expert bytes one MoE layer reads (:class:`MoeLayerBytes`), with
+    each step's batch, tokens and KV tokens resolved exactly as for its MFU/MBU (flags first,
+    then the step's markers). None without a MoE model config or without steps."""
+    if inp is None or inp.spec is None or inp.spec.moe is None or steps is None or len(steps) == 0:
+        return None
+    try:
+        w = accounting.model_weights(inp.spec, inp.weight_dtype, inp.tp)
+    except DiagnoseError:
+        return None
+    if not w.moe_layers:
+        return None
+    n = len(steps)
+    per_layer, touched, tokens = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    for i, r in enumerate(steps.itertuples(index=False)):
+        phase = r.phase
+        batch, tok, kv_tokens = _step_shape(r, phase, inp)
+        try:
+            c = _step_cost(inp.spec, inp, phase, batch, tok, kv_tokens)
+        except DiagnoseError:
+            continue
+        if c.experts_touched_per_layer is None:
+            continue
+        per_layer[i] = c.expert_bytes / w.moe_layers
+        touched[i] = c.experts_touched_per_layer
+        t = batch if phase == "decode" else tok
+        tokens[i] = np.nan if t is None else t
+    if np.isnan(per_layer).all():
+        return None
+    return MoeLayerBytes(per_layer, touched, tokens, w.num_experts, w.num_experts_per_tok, w.expert_bytes, w.moe_layers)
 
 
 def _val(v):
@@ -285,7 +323,9 @@ NO_ATTAINMENT["attainment_missing"] = ["computed per step phase (prefill, decode
 
 def run(ctx: Context) -> None:
     """Operator FLOPs per step (step table columns shape_flops, shape_bytes, shape_ops), which
-    steps were replayed from a graph, and the model/peak inputs (``ctx.attainment_inputs``)."""
+    steps were replayed from a graph, the model/peak inputs (``ctx.attainment_inputs``) and,
+    for a MoE model config, each step's routed-expert bytes per layer
+    (``ctx.extra["_moe_layer_bytes"]``, :func:`moe_layer_bytes`)."""
     trace, steps, g = ctx.trace, ctx.steps, ctx.activities
     sf, sb, sc = step_shape_flops(trace, steps)
     steps["shape_flops"], steps["shape_bytes"], steps["shape_ops"] = sf, sb, sc
@@ -298,6 +338,7 @@ def run(ctx: Context) -> None:
         if not d["name"]:
             ctx.note("unnamed_device", f"device {d['id']} has no name in the trace: peak numbers cannot be resolved from it (use --gpu)")
     ctx.attainment_inputs = inp = attainment_inputs(trace, ctx.options, ctx.devices, ctx.note)
+    ctx.extra["_moe_layer_bytes"] = moe_layer_bytes(steps, inp)  # the kernel table's MoE rows
     ctx.extra["gpu"] = _gpu_dict(inp.peak)
     ctx.extra["model"] = _model_dict(inp)
 

@@ -19,7 +19,16 @@ FLOP-carrying one (:data:`~diagnose.analyzers.opcost.FLOP_OPS`) wins, then the i
 **FLOPs of multi-kernel ops.** An op call that launches several kernels (split-K GEMM plus
 its reduction, attention plus its combine, MoE routing plus expert GEMMs) has its FLOPs and
 bytes apportioned to its kernels by kernel time: every kernel of the call shows the call's
-TFLOP/s, and the rows' FLOPs add up to the ops' FLOPs (no double count).
+TFLOP/s, and the rows' FLOPs add up to the ops' FLOPs (no double count). Attention ops read
+``is_causal`` from their ``Concrete Inputs`` (which split rows only for those ops,
+:data:`~diagnose.analyzers.opcost.CONCRETE_OPS`).
+
+**MoE layers** (``vllm::moe_forward``, fused-experts ops) have no expert weights in their
+shapes. With a MoE model config each call (one layer) gets the routed-expert bytes the layer
+reads at its step's tokens, from the accounting of the step's MBU
+(:func:`diagnose.analyzers.attainment.moe_layer_bytes`), and its expert GEMM kernels share
+them by weight shape (gate_up 2/3, down 1/3; :func:`_moe_kernel_bytes`), so each expert
+kernel row has an achieved TB/s.
 
 **CUDA/HIP graph replays** carry no operator: their kernels are mapped back through the
 graph's *capture* trace the way TraceLens does (``Trace2Tree/trace_capture_merge_experimental
@@ -38,6 +47,7 @@ with a capture trace, per distinct graph layout.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -49,7 +59,15 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from diagnose.analyzers.opcost import ATTENTION_OPS, FLOP_OPS, SeqInfo, op_cost
+from diagnose.analyzers.opcost import (
+    ATTENTION_OPS,
+    CONCRETE_OPS,
+    FLOP_OPS,
+    MoeLayerBytes,
+    SeqInfo,
+    is_moe_op,
+    op_cost,
+)
 from diagnose.errors import TraceFormatError
 from diagnose.hardware import GpuPeak
 from diagnose.trace.model import Trace, factorize
@@ -509,9 +527,108 @@ def _map_graph(g: pd.DataFrame, name_codes: np.ndarray, names: np.ndarray, captu
         stats["graph_launches_matched_by_count_only"] = unverified
 
 
+# ----------------------------------------------------------------------------- MoE expert bytes
+
+EXPERT_GEMM_KERNEL = re.compile(
+    r"matmul_ogs|fused_moe_kernel|moe_gemm|moe_stage|ck_moe|fmoe|moe_mlp|moe_wna16|marlin_moe|moeflatmm"
+    r"|grouped_gemm|groupedgemm|group_gemm|expert", re.IGNORECASE)
+"""Kernel names of MoE expert GEMMs (vLLM triton_kernels ``_matmul_ogs_*``, vLLM/SGLang
+Triton ``fused_moe_kernel``, aiter CK ``ck_moe_stage1/2`` and asm ``fmoe_*``, Marlin MoE,
+grouped GEMMs). Routing, sorting, padding and the finalize/scatter kernels do not match."""
+_NOT_EXPERT_GEMM = re.compile(r"finalize|scatter|gather|topk|sort|align|routing|bitmatrix|histogram|memset|count", re.IGNORECASE)
+
+GATE_UP_SHARE = 2 / 3
+"""Share of a routed expert's weights in its gate and up projections: the accounting's expert
+(:attr:`diagnose.accounting.ModelSpec.params_expert`) is gate ``F_e x H`` + up ``F_e x H`` +
+down ``H x F_e``, so gate_up holds ``2 F_e H / 3 F_e H`` = 2/3 and down 1/3."""
+
+
+def _moe_kernel_bytes(ix: np.ndarray, kinst: np.ndarray, kstart: np.ndarray, dur: np.ndarray, frac: np.ndarray,
+                      kname: np.ndarray, names: np.ndarray, kstep: np.ndarray, moe: MoeLayerBytes | None,
+                      bk: np.ndarray, k_model: np.ndarray, k_note: np.ndarray, k_layer: np.ndarray) -> None:
+    """Expected bytes of the kernels ``ix`` (positions among the table's kernels) launched by
+    MoE op calls (:func:`~diagnose.analyzers.opcost.is_moe_op`), written into ``bk`` (bytes),
+    ``k_model``/``k_note`` (cost model and note) and ``k_layer`` (the layer's expert bytes).
+
+    One op call is one MoE layer: it reads ``moe.per_layer[step]`` bytes of routed experts
+    (the step's expert bytes of :func:`diagnose.accounting.step_cost` over its MoE layers).
+    Among the call's kernels, the expert GEMMs (:data:`EXPERT_GEMM_KERNEL`), in start order:
+    one kernel takes all of it (fused gate_up and down); two take :data:`GATE_UP_SHARE` (the
+    first: gate_up, which always runs first) and the rest (down); 2n (chunked calls)
+    alternate gate_up and down, each with 1/n of its share; another odd count splits by
+    kernel time. The call's other kernels (routing, finalize/scatter) get no bytes. A call
+    with no kernel recognised as an expert GEMM splits the bytes over all its kernels by
+    kernel time (``frac``). Without ``moe`` (no model config) nothing is written.
+    """
+    if moe is None:
+        return
+    call = kinst[ix].copy()
+    alone = call < 0  # no op call id: each kernel is its own call
+    call[alone] = -1 - np.arange(int(alone.sum()))
+    order = np.lexsort((kstart[ix], call))
+    ix, call = ix[order], call[order]
+    n_names = len(names)
+    is_exp_name = np.array([bool(EXPERT_GEMM_KERNEL.search(n)) and not _NOT_EXPERT_GEMM.search(n)
+                            if isinstance(n, str) else False for n in names], dtype=bool) if n_names else np.zeros(0, bool)
+    ex = is_exp_name[kname[ix]]
+    c, _ = pd.factorize(call, sort=False)  # contiguous: sorted by call
+    n_calls = int(c.max()) + 1
+    n_ex = np.bincount(c, weights=ex, minlength=n_calls).astype(np.int64)[c]
+    cum = np.cumsum(ex)
+    start_of_call = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
+    before = (cum - ex)[start_of_call]  # expert kernels before each call
+    pos = cum - 1 - before[c]  # position among the call's expert kernels
+    ex_ns = np.bincount(c, weights=np.where(ex, dur[ix], 0.0), minlength=n_calls)[c]
+    share = np.full(len(ix), np.nan)
+    role = np.full(len(ix), None, dtype=object)
+    one = ex & (n_ex == 1)
+    share[one], role[one] = 1.0, "the call's one expert GEMM kernel: all of the layer's expert bytes"
+    pair = ex & (n_ex >= 2) & (n_ex % 2 == 0)
+    half = np.maximum(n_ex // 2, 1)
+    gate = pair & (pos % 2 == 0)
+    down = pair & (pos % 2 == 1)
+    share[gate] = GATE_UP_SHARE / half[gate]
+    share[down] = (1 - GATE_UP_SHARE) / half[down]
+    role[gate] = "gate_up kernel (first of the call's expert GEMM pair): 2/3 of the layer's expert bytes, by weight shape (gate + up 2*F_e*H of 3*F_e*H)"
+    role[down] = "down kernel (second of the call's expert GEMM pair): 1/3 of the layer's expert bytes, by weight shape (down F_e*H of 3*F_e*H)"
+    odd = ex & (n_ex >= 3) & (n_ex % 2 == 1)
+    share[odd] = np.where(ex_ns[odd] > 0, dur[ix][odd] / np.where(ex_ns[odd] > 0, ex_ns[odd], 1), 1.0 / n_ex[odd])
+    role[odd] = "split over the call's expert GEMM kernels by kernel time (their gate_up/down roles are not known)"
+    none = n_ex == 0
+    share[none] = frac[ix][none]
+    role[none] = "no kernel of the call recognised as an expert GEMM: split over its kernels by kernel time"
+    st = kstep[ix]
+    ok = (st >= 0) & (st < len(moe.per_layer))
+    layer = np.full(len(ix), np.nan)
+    layer[ok] = moe.per_layer[st[ok]]
+    costed = ~np.isnan(share)
+    bk[ix[costed]] = layer[costed] * share[costed]
+    k_layer[ix[costed]] = layer[costed]
+    other = ~costed
+    k_note[ix[other]] = "MoE routing/combine kernel: the layer's expert bytes are on the call's expert GEMM kernels; no cost model here"
+    unknown = costed & np.isnan(layer)
+    k_note[ix[unknown]] = "MoE: the step's tokens are unknown (no step marker with a batch), so the experts touched are not estimated"
+    known = np.flatnonzero(costed & ~np.isnan(layer))
+    k_model[ix[known]] = "moe"
+    # one note per distinct (step, role): a Python loop over those, never over kernels
+    role_c, role_u = pd.factorize(role[known], sort=False)
+    key_c, key_u = pd.factorize(st[known] * len(role_u) + role_c, sort=False)
+    notes = []
+    for kv in key_u:
+        s_, r_ = divmod(int(kv), len(role_u))
+        t = moe.tokens[s_]
+        tokens = "the step's tokens" if math.isnan(t) else f"T = {int(t)} tokens"
+        notes.append(
+            f"expected routed-expert bytes from the model config (the step MBU's accounting): "
+            f"{moe.touched[s_]:.2f} of {moe.num_experts} experts touched per layer by {tokens} "
+            f"(E*(1-(1-k/E)^T), k = {moe.top_k}; uniform routing, an upper estimate) x {moe.expert_bytes / 1e6:.2f} MB "
+            f"per expert = {moe.per_layer[s_] / 1e6:.1f} MB per layer; {role_u[r_]}")
+    k_note[ix[known]] = np.asarray(notes, dtype=object)[key_c]
+
+
 def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | None = None,
                  capture: CaptureMapping | Sequence[CaptureMapping] | None = None,
-                 steps: pd.DataFrame | None = None) -> pd.DataFrame:
+                 steps: pd.DataFrame | None = None, moe: MoeLayerBytes | None = None) -> pd.DataFrame:
     """The per-kernel efficiency table of ``activities`` (kernels only; memcpy/memset are not
     kernels), sorted by ``total_ms`` descending.
 
@@ -528,6 +645,10 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
         steps: ``Analysis.steps`` (rows in the order ``activities.step`` indexes): step
             markers give varlen attention its per-sequence sums (:func:`step_seq_info`) and
             graph replays the padded batch to choose the capture for; optional.
+        moe: per step, the routed-expert bytes one MoE layer reads
+            (:func:`diagnose.analyzers.attainment.moe_layer_bytes`, from the model config;
+            indexed like ``steps``): kernels of MoE op calls get expected bytes
+            (:func:`_moe_kernel_bytes`; cost_model "moe"). None: MoE rows have no bytes.
 
     Returns:
         DataFrame, one row per (device, phase, op, input_dims, input_types, kernel, origin):
@@ -546,8 +667,9 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
           arithmetic_intensity_flop_per_byte (flops / bytes), bound ("compute" when the
           intensity is at or above the ridge point peak FLOP/s / peak B/s, "memory" below,
           None when unknown),
-        - cost_model ("gemm" | "attention" | "elementwise" | "norm" | "operands" | None) and cost_note
-          (the convention used, or why FLOPs are missing), op_source ("trace" | "capture" |
+        - cost_model ("gemm" | "attention" | "elementwise" | "norm" | "operands" | "moe" |
+          None) and cost_note (the convention used, or why FLOPs are missing; "moe": expected
+          routed-expert bytes, no FLOPs), op_source ("trace" | "capture" |
           None), shapes_unknown (None, or why the row has no shapes).
 
         Missing numbers are NaN (floats) or None (objects); :func:`kernel_records` turns NaN
@@ -623,7 +745,11 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
     # operator identity: (name, dims, types, concrete) codes over the referenced sources;
     # JSON re-encoded compactly so that formatting (pretty-printed traces) does not split keys
     n_src = sources.n
-    cols = [_column_codes(c, json=i > 0) for i, c in enumerate(sources.columns())]
+    src_cols = sources.columns()
+    if n_src:  # Concrete Inputs only where the cost reads them: other ops keep one row per shape
+        reads = pd.Series(src_cols[0], dtype=object).isin(CONCRETE_OPS).to_numpy()
+        src_cols[3] = np.where(reads, src_cols[3], None)
+    cols = [_column_codes(c, json=i > 0) for i, c in enumerate(src_cols)]
     if n_src:
         key = _combine([c for c, _ in cols], [len(u) for _, u in cols])
         opkey_of_src = key
@@ -702,6 +828,20 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
         frac[has_inst] = np.where(ins_ns[ic] > 0, d / np.where(ins_ns[ic] > 0, ins_ns[ic], 1), 1.0 / ins_n[ic])
     fk = cost_flops[ck_c] * frac
     bk = cost_bytes[ck_c] * frac
+    # MoE op calls: expected routed-expert bytes of the layer at the step's tokens
+    k_model = np.full(len(k), None, dtype=object)
+    k_note = np.full(len(k), None, dtype=object)
+    k_layer = np.full(len(k), np.nan)
+    if n_opkey:
+        is_moe_key = np.array([is_moe_op(name_u[name_c[rep_src[i]]]) for i in range(n_opkey)], dtype=bool)
+        kmoe = (kop >= 0) & is_moe_key[np.maximum(kop, 0)]
+        if kmoe.any():
+            if names is None:
+                names = _names_of(g, name_codes)
+            kst = g["step"].to_numpy(dtype=np.int64)[k] if "step" in g else np.full(len(k), -1, dtype=np.int64)
+            kstart = g["start_ns"].to_numpy(dtype=np.int64)[k]
+            _moe_kernel_bytes(np.nonzero(kmoe)[0], inst[k], kstart, dur, frac, kname, names, kst, moe,
+                              bk, k_model, k_note, k_layer)
     row_flops = np.bincount(gid, weights=np.nan_to_num(fk), minlength=n_rows)
     row_flops[np.bincount(gid, weights=np.isnan(fk), minlength=n_rows) > 0] = np.nan
     row_bytes = np.bincount(gid, weights=np.nan_to_num(bk), minlength=n_rows)
@@ -733,6 +873,18 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
     rc = ck_c[fk_i]
     r_model = cost_model[rc]
     r_note = cost_note[rc].copy()
+    moe_row = pd.notna(k_note[fk_i])
+    if moe_row.any():
+        r_model[moe_row] = k_model[fk_i][moe_row]
+        r_note[moe_row] = k_note[fk_i][moe_row]
+        # a row over steps with unequal expert bytes: its note's numbers are the first step's
+        lo = np.full(n_rows, np.inf)
+        hi = np.full(n_rows, -np.inf)
+        kl = np.where(np.isnan(k_layer), -1.0, k_layer)
+        np.minimum.at(lo, gid, kl)
+        np.maximum.at(hi, gid, kl)
+        varies = moe_row & (lo != hi) & (r_model == "moe")
+        r_note[varies] = [f"{t} (numbers of the row's first step; the expert bytes vary by step)" for t in r_note[varies]]
     # Attention work depends on what the shapes do not show (sliding windows, per-sequence
     # lengths): a count the device could not have done in the time is an over-count, not a
     # measurement. Such rows lose their FLOPs and bytes.
@@ -743,6 +895,14 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
                 arr[over] = np.nan
             r_note[over] = ("counted work exceeds the device peak in the measured time: the shapes overstate it "
                             "(e.g. sliding-window layers counted with the full context); FLOPs and bytes dropped")
+        # expected expert bytes assume uniform routing (the most experts touched): above the
+        # peak bandwidth, real routing touched fewer experts than that estimate
+        over = (r_model == "moe") & ((tbps > pk_b) if pk_b else False)
+        if over.any():
+            for arr in (row_bytes, tbps, ai):
+                arr[over] = np.nan
+            r_note[over] = ("expected expert bytes exceed the device peak bandwidth in the measured time: routing touched "
+                            "fewer experts than the uniform-routing estimate; bytes dropped")
     bound = np.full(n_rows, None, dtype=object)
     if ridge:
         known = ~np.isnan(ai)
@@ -852,14 +1012,20 @@ FINDINGS = ()
 def run(ctx) -> None:
     """The kernel table of the analysed trace: ``ctx.extra["kernel_table"]`` (top
     :data:`KERNEL_TABLE_ROWS` rows, JSON-ready) and ``ctx.extra["_kernel_table"]`` (the whole
-    DataFrame). ``--capture-trace`` maps kernels replayed from CUDA graphs to ops and shapes.
+    DataFrame). ``--capture-trace`` maps kernels replayed from CUDA graphs to ops and shapes
+    (the quality note ``graph_kernels_no_launch`` then says how many it mapped); a MoE model
+    config gives MoE kernels their expected expert bytes
+    (:func:`diagnose.analyzers.attainment.moe_layer_bytes`, computed by the attainment analyzer).
 
     Raises:
         TraceFormatError: the capture trace cannot be read.
     """
     inp = ctx.attainment_inputs
     capture = load_capture_mapping(ctx.options.capture_trace) if ctx.options.capture_trace else None
-    kt = kernel_table(ctx.trace, ctx.activities, inp.peak if inp is not None else None, capture, ctx.steps)
+    kt = kernel_table(ctx.trace, ctx.activities, inp.peak if inp is not None else None, capture, ctx.steps,
+                      moe=ctx.extra.get("_moe_layer_bytes"))
+    if capture is not None:
+        _reword_graph_note(ctx, kt)
     ctx.extra["_kernel_table"] = kt
     rows = kernel_records(kt, KERNEL_TABLE_ROWS)
     for r in rows:
@@ -869,3 +1035,28 @@ def run(ctx) -> None:
     ctx.extra["kernel_table"] = rows
     if capture is not None:
         ctx.extra["capture"] = {k: v for k, v in (kt.attrs.get("capture") or {}).items()} or {"path": ctx.options.capture_trace}
+
+
+def _reword_graph_note(ctx, kt: pd.DataFrame) -> None:
+    """The launches analyzer's ``graph_kernels_no_launch`` note says op-level attribution is
+    unavailable for graph-replayed kernels; once the capture trace mapped them to their ops,
+    say how many it mapped instead (code and count unchanged)."""
+    mapped = int((kt.attrs.get("capture") or {}).get("kernels_mapped") or 0)
+    g = ctx.activities
+    if not mapped or g is None or "launch_kind" not in g:
+        return
+    is_graph = g["launch_kind"].to_numpy(dtype=object) == "graph_launch"
+    n_kernels = int((is_graph & (g["kind"].to_numpy(dtype=object) == "kernel")).sum())
+    n_launch = int(pd.unique(g["correlation"].to_numpy()[is_graph]).size)
+    for i, q in enumerate(ctx.quality):
+        if q.code != "graph_kernels_no_launch":
+            continue
+        n = q.count if q.count is not None else int(is_graph.sum())
+        if mapped >= n_kernels:
+            tail = f"the capture trace (--capture-trace) mapped all {mapped} replayed kernels to their operators and shapes"
+        else:
+            tail = (f"the capture trace (--capture-trace) mapped {mapped} of the {n_kernels} replayed kernels to their "
+                    "operators and shapes; op-level attribution unavailable for the rest")
+        ctx.quality[i] = dataclasses.replace(q, message=f"{n} kernels replayed from {n_launch} graph launch(es): "
+                                                        f"no per-kernel launch call; {tail}")
+        break

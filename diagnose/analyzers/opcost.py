@@ -42,9 +42,13 @@ memory moved, one pass over every operand; caches and re-reads are ignored):
 * **Operands** (:data:`OPERAND_OPS`: serving-engine norm/activation ops such as
   ``aiter::rmsnorm``, ``sgl_kernel::silu_and_mul`` that take their output as an argument):
   bytes = the sum of the tensor arguments. No FLOPs.
-* Every other op (MoE ``vllm::moe_forward``: the expert weights are not inputs; KV-cache
-  stores, gathers, Inductor ``triton_*`` kernels whose arguments include whole tables): no
-  cost model, FLOPs and bytes None.
+* **MoE** (:func:`is_moe_op`: ``vllm::moe_forward``, fused-experts ops): the expert weights
+  are not operator inputs, so :func:`op_cost` gives no numbers. With a model config the
+  kernel table gives their kernels the expected routed-expert bytes of one layer at the
+  step's tokens (:mod:`diagnose.analyzers.kernels`, from :func:`diagnose.accounting.step_cost`,
+  the accounting of the step's MBU).
+* Every other op (KV-cache stores, gathers, Inductor ``triton_*`` kernels whose arguments
+  include whole tables): no cost model, FLOPs and bytes None.
 
 Input encodings: ``dims`` is the decoded ``Input Dims`` list (one entry per argument: a list
 of ints for a tensor, ``[]`` for a scalar/None, a list of lists for a TensorList); ``types``
@@ -57,6 +61,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 TYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "c10::Float8_e4m3fn": 1,
               "c10::Float8_e5m2": 1, "signed char": 1, "unsigned char": 1, "int": 4, "long int": 8,
@@ -73,6 +79,20 @@ VARLEN_ATTENTION = frozenset({"aiter::mha_batch_prefill", "flash_attn::_flash_at
                               "vllm::unified_attention", "vllm::unified_attention_with_output"})
 ATTENTION_OPS = SDPA_BHSD | SDPA_BSHD | VARLEN_ATTENTION
 FLOP_OPS = GEMM_OPS | ATTENTION_OPS
+
+
+def is_moe_op(name: object) -> bool:
+    """Whether operator ``name`` runs a MoE layer's routed experts (``vllm::moe_forward``,
+    ``vllm::moe_forward_shared``, ``*fused_moe*``, ``*fused_experts*``). Inductor kernels named
+    after the op they were fused from (``triton_poi_fused_constant_pad_nd_moe_forward_0``: the
+    padding before it) are not."""
+    if not isinstance(name, str):
+        return False
+    low = name.lower()
+    return ("moe" in low or "fused_experts" in low) and not low.startswith("triton_")
+
+
+MOE_NO_CONFIG_NOTE = "MoE: the expert weights are not operator inputs (give --model-config for their expected bytes)"
 """Ops whose FLOPs :func:`op_flops` counts (model FLOPs: GEMM and attention)."""
 
 # Index of the is_causal argument in each op's schema (Concrete Inputs position).
@@ -81,6 +101,9 @@ _CAUSAL_ARG = {"aten::scaled_dot_product_attention": 5, "aten::_scaled_dot_produ
                "aten::_flash_attention_forward": 8, "flash_attn::_flash_attn_forward": 5,
                "flash_attn::_flash_attn_varlen_forward": 9, "aiter::mha_batch_prefill": 12,
                "aten::_efficient_attention_forward": 9}
+CONCRETE_OPS = frozenset(_CAUSAL_ARG)
+"""Ops whose cost reads their ``Concrete Inputs`` (the ``is_causal`` / mask-type argument at
+the index above): the FLOPs of any other op follow from its shapes alone."""
 # Index of the cu_seqlens_q argument of varlen ops (B + 1 entries).
 _CU_SEQLENS_ARG = {"aiter::mha_batch_prefill": 3, "flash_attn::_flash_attn_varlen_forward": 3,
                    "aten::_flash_attention_forward": 3, "aten::_efficient_attention_forward": 4}
@@ -133,6 +156,36 @@ class SeqInfo:
     kv_tokens: int | None = None
     q_sq_sum: int | None = None
     qk_sum: int | None = None
+
+
+@dataclass(frozen=True)
+class MoeLayerBytes:
+    """Routed-expert bytes one MoE layer reads in each step, on one rank: the step's
+    ``expert_bytes`` of :func:`diagnose.accounting.step_cost` (the number inside the step's
+    MBU) divided by the MoE layers, so the per-layer figures of a step add up to it. Built
+    by :func:`diagnose.analyzers.attainment.moe_layer_bytes`; the kernel table gives it to the
+    kernels of MoE op calls.
+
+    Attributes:
+        per_layer: bytes (1 B units, float) per row of the step table; NaN where unknown
+            (the step's batch or tokens are unknown, or its phase has no model cost).
+        touched: expected experts touched per MoE layer, ``E * (1 - (1 - k/E) ** T)``
+            (:func:`diagnose.accounting.experts_touched`), per step; NaN where unknown.
+        tokens: T, the tokens routed in the step (decode: the batch; prefill and mixed: the
+            step's new tokens), per step; NaN where unknown.
+        num_experts: E, routed experts per MoE layer.
+        top_k: k, experts per token.
+        expert_bytes: one routed expert of one layer on one rank (gate, up and down), bytes.
+        moe_layers: MoE layers of the model.
+    """
+
+    per_layer: np.ndarray
+    touched: np.ndarray
+    tokens: np.ndarray
+    num_experts: int
+    top_k: int
+    expert_bytes: float
+    moe_layers: int
 
 
 @dataclass(frozen=True)
@@ -386,8 +439,8 @@ def op_cost(name: str, dims: list | None, types: list | None = None, *, concrete
         if name in OPERAND_OPS:
             b = _operand_bytes(dims, types)
             return OpCost(None, b, "operands") if b else NO_COST
-        if "moe" in name.lower():
-            return OpCost(None, None, None, "MoE: the expert weights are not operator inputs (FLOPs need the model config)")
+        if is_moe_op(name):
+            return OpCost(None, None, None, MOE_NO_CONFIG_NOTE)
         return OpCost(None, None, None, "no cost model for this op")
     except (TypeError, ValueError, IndexError, ZeroDivisionError):
         return NO_COST

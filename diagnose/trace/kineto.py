@@ -28,7 +28,10 @@ Handled variations (see ``../shared/traces/MANIFEST.md``):
 
 Decoding uses msgspec typed structs with ``args`` kept as raw bytes, so argument objects
 of events the analysis does not need (``python_function``, instant events, flows...) are
-never materialised.
+never materialised. A ``cpu_op``'s ``Input Dims``, ``Input type`` and ``Concrete Inputs``
+(scalar arguments as strings, e.g. SDPA's ``is_causal``) stay raw JSON bytes in the
+``cpu_ops`` frame, decoded on demand (:func:`parse_input_dims`); equal ``Concrete Inputs``
+share one object.
 """
 from __future__ import annotations
 
@@ -78,6 +81,7 @@ class _Args(msgspec.Struct, gc=False):
     bytes: Any = None
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
     input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
 
 
 _I64 = 2**63
@@ -138,6 +142,7 @@ _doc_dec = msgspec.json.Decoder(_Doc)
 
 
 _ARGS_FIELDS = msgspec.structs.fields(_Args)  # once: reading them per event cost ~50 us each
+_RAW_ARGS = ("input_dims", "input_types", "concrete_inputs")  # kept as raw JSON, never coerced to int
 _args_dec = msgspec.json.Decoder(_Args)
 
 # Events the coercion below cannot use are not dropped silently: they become a placeholder
@@ -167,7 +172,7 @@ def _coerce_args(raw: msgspec.Raw) -> _Args | None | str:
     kw: dict[str, Any] = {}
     for f in _ARGS_FIELDS:
         v = getattr(a, f.name)
-        if v is None or f.name in ("input_dims", "input_types"):
+        if v is None or f.name in _RAW_ARGS:
             continue
         try:
             kw[f.name] = int(float(v))
@@ -175,7 +180,8 @@ def _coerce_args(raw: msgspec.Raw) -> _Args | None | str:
             pass
     return _Args(device=kw.get("device"), stream=kw.get("stream"), correlation=kw.get("correlation"),
                  external_id=kw.get("external_id"), external_id_legacy=kw.get("external_id_legacy"),
-                 bytes=kw.get("bytes"), input_dims=a.input_dims, input_types=a.input_types)
+                 bytes=kw.get("bytes"), input_dims=a.input_dims, input_types=a.input_types,
+                 concrete_inputs=a.concrete_inputs)
 
 
 _BAD = object()  # a value that is present but not a usable number
@@ -456,6 +462,7 @@ class _StrictArgs(msgspec.Struct, gc=False):
     bytes: int = _MISSING
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
     input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
 
 
 class _StrictX(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
@@ -575,7 +582,7 @@ def _loose_args(a: Any) -> _Args | None:
     if a is None or type(a) is _Args:
         return a
     ids = [None if x == _MISSING else x for x in (a.device, a.stream, a.correlation, a.external_id, a.external_id_legacy, a.bytes)]
-    return _Args(*ids, input_dims=a.input_dims, input_types=a.input_types)
+    return _Args(*ids, input_dims=a.input_dims, input_types=a.input_types, concrete_inputs=a.concrete_inputs)
 
 
 def _be_records(be: list, strict: bool) -> list[tuple]:
@@ -586,7 +593,8 @@ def _be_records(be: list, strict: bool) -> list[tuple]:
         begin = (type(e) is _StrictB) if strict else (e.ph == "B")
         a = _loose_args(getattr(e, "args", None)) if begin else None
         args = None if a is None else (a.device, a.stream, a.correlation, a.external_id, a.external_id_legacy, a.bytes,
-                                       bytes(a.input_dims) or None, bytes(a.input_types) or None)
+                                       bytes(a.input_dims) or None, bytes(a.input_types) or None,
+                                       bytes(a.concrete_inputs) or None)
         ts = e.ts if e.ts is not None else _NAN
         out.append((begin, e.cat, e.name, ts, e.pid, e.tid, args))
     return out
@@ -617,7 +625,8 @@ def _pair_begin_end(records: list[tuple]) -> tuple[list[_Event], int]:
                 a = b[6]
                 args = None if a is None else _Args(
                     device=a[0], stream=a[1], correlation=a[2], external_id=a[3], external_id_legacy=a[4], bytes=a[5],
-                    input_dims=msgspec.Raw(a[6] or b""), input_types=msgspec.Raw(a[7] or b""))
+                    input_dims=msgspec.Raw(a[6] or b""), input_types=msgspec.Raw(a[7] or b""),
+                    concrete_inputs=msgspec.Raw(a[8] or b""))
                 out.append(_Event(ph="X", cat=b[1], name=b[2], ts=b[3], dur=r[3] - b[3], pid=b[4], tid=b[5], args=args))
             else:
                 unmatched += 1
@@ -735,12 +744,18 @@ class _Raw:
             ext = np.where(missing, self.arg("external_id_legacy"), ext)
         return np.where(ext == _MISSING, -1, ext)
 
-    def raw_arg(self, field: str) -> list:
+    def raw_arg(self, field: str, shared: bool = False) -> list:
         """Raw JSON of an arg (``Input Dims``...) as small bytes copies (never views that would
-        pin the whole document in memory), None when absent."""
+        pin the whole document in memory), None when absent. ``shared``: equal values are one
+        object (``Concrete Inputs`` takes a few dozen distinct values over thousands of ops:
+        memory per op is then a pointer, and forked workers pickle each value once)."""
         get = operator.attrgetter(field)
         vals = map(get, self._args) if self.strict else (None if a is None else get(a) for a in self._args)
-        return [bytes(v) if v else None for v in vals]
+        if not shared:
+            return [bytes(v) if v else None for v in vals]
+        seen: dict[bytes, bytes] = {}
+        keep = seen.setdefault
+        return [keep(b, b) if v and (b := bytes(v)) else None for v in vals]
 
     def times(self, base_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return _times(self.ts, self.dur, base_ns)
@@ -937,7 +952,8 @@ class _Columns:
         if r is not None:
             keep, start, end = r.times(base_ns)
             d = {"name": r.name, "start_ns": start, "end_ns": end, "external_id": r.external_id(), "tid": r.tid(),
-                 "input_dims": r.raw_arg("input_dims"), "input_types": r.raw_arg("input_types")}
+                 "input_dims": r.raw_arg("input_dims"), "input_types": r.raw_arg("input_types"),
+                 "concrete_inputs": r.raw_arg("concrete_inputs", shared=True)}
             self._keep("op", d, keep, r)
         for bucket, scope in (("ann_cpu", "cpu"), ("ann_gpu", "gpu")):
             r = raws.get(bucket)

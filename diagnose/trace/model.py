@@ -20,8 +20,12 @@ Column contracts (pandas DataFrames, one row per event):
 
 ``cpu_ops`` — framework operators (``cpu_op`` / legacy ``Operator``):
     name (str), start_ns, end_ns (int64), external_id (int64), tid (int64),
-    input_dims, input_types (object: raw ``Input Dims`` / ``Input type`` JSON, decoded on
-    demand with ``diagnose.trace.kineto.parse_input_dims``; None when not recorded).
+    input_dims, input_types, concrete_inputs (object: raw ``Input Dims`` / ``Input type`` /
+    ``Concrete Inputs`` JSON bytes, decoded on demand with
+    ``diagnose.trace.kineto.parse_input_dims``; None when not recorded, and always None in
+    nsys traces, which hold no operator arguments). ``Concrete Inputs`` is one string per
+    argument, the value of scalar arguments (``"True"`` for SDPA's ``is_causal``, ``""`` for
+    tensors): attention FLOPs read the causal flag from it.
 
 ``annotations`` — user ranges, used for phases and steps, never counted as GPU busy time:
     name (categorical of str: nsys exports hold millions of ranges with a few hundred
@@ -87,6 +91,7 @@ CPU_OP_COLUMNS = {
     "tid": "int64",
     "input_dims": "object",
     "input_types": "object",
+    "concrete_inputs": "object",
 }
 ANNOTATION_COLUMNS = {
     "name": "category",
