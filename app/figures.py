@@ -24,6 +24,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from diagnose.vocab import LEVERS, SEVERITY_COLORS
+
 from diagnose.app.timeline import (  # noqa: F401  (re-exported: the figure builders live here)
     CATEGORY_COLORS,
     PHASE_COLORS,
@@ -45,15 +47,6 @@ __all__ = [
 
 NA = "not available"
 SEVERITY_ORDER = ("critical", "high", "medium", "low", "info")
-SEVERITY_COLORS = {
-    "critical": "#7b0000",
-    "high": "#c62828",
-    "medium": "#ef6c00",
-    "low": "#f9a825",
-    "info": "#1565c0",
-    "none": "#2e7d32",
-    "unknown": "#616161",
-}
 
 # -- small helpers ----------------------------------------------------------------------
 
@@ -546,7 +539,8 @@ def waits_data(report: Mapping, device: int | None = None) -> dict:
 
     a = phases_for_device(report, device).get("all") or {}
     by = a.get("idle_by_cause_ms") or {}
-    rows = [{"start_text": fmt_value(g.get("start_ms"), "ms"), "ms_text": fmt_value(g.get("ms"), "ms"), "cause": g.get("cause") or "",
+    rows = [{"start_text": fmt_value(g.get("start_ms"), "ms"), "ms_text": fmt_value(g.get("ms"), "ms"),
+             "cause": (g.get("cause") or "") + (f" (after {g['waited_on']})" if g.get("waited_on") else ""),
              "host_call": g.get("host_call") or "—", "next": str(g.get("next") or "")[:100]}
             for g in (a.get("gaps") or {}).get("longest") or []]
     text = "; ".join(f"{c} {fmt_value(v, 'ms')} ({GAP_CAUSE_LABELS.get(c, c)})" for c, v in sorted(by.items(), key=lambda kv: -kv[1]))
@@ -661,6 +655,8 @@ def symptom_cards_data(report: Mapping) -> list[dict]:
             "evidence": other,
             "likely_cause": s.get("likely_cause") or "", "how_to_verify": s.get("how_to_verify") or "",
             "fix": s.get("fix") or "", "references": [str(x) for x in s.get("references") or []],
+            "levers": [LEVERS[r].text for r in s.get("recommends") or [] if r in LEVERS],
+            "in_place": [str(x) for x in s.get("already_in_place") or []],
         })
     return cards
 

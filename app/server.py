@@ -280,6 +280,10 @@ def symptom_card(c: dict) -> html.Div:
         dl += [html.Dt("Measured vs threshold"), html.Dd(html.Ul(mvt))]
     if c["evidence"]:
         dl += [html.Dt("Evidence"), html.Dd(html.Ul([html.Li(f"{k}: {v}") for k, v in c["evidence"]]))]
+    if c["levers"]:
+        dl += [html.Dt("What to change"), html.Dd(html.Ul([html.Li(x) for x in c["levers"]], className="dg-levers"))]
+    if c["in_place"]:
+        dl += [html.Dt("Already in place"), html.Dd("; ".join(c["in_place"]), className="dg-muted")]
     for key, label in (("likely_cause", "Likely cause"), ("how_to_verify", "How to verify"), ("fix", "Fix")):
         if c[key]:
             dl += [html.Dt(label), html.Dd(c[key])]

@@ -181,7 +181,9 @@ def labels_from_report(report: Mapping[str, Any], device: int | None = None) -> 
         out["all.top_idle_cause"] = max(by, key=lambda c: by[c])
     longest = (a.get("gaps") or {}).get("longest") or []
     if longest:
-        out["all.longest_gap_host_call"] = longest[0].get("host_call") or "nothing in the trace"
+        g0 = longest[0]
+        out["all.longest_gap_host_call"] = (g0.get("host_call") or (f"queued after {g0['waited_on']}" if g0.get("waited_on") else None)
+                                            or "nothing in the trace")
     hb = [g for g in longest if g.get("cause") == "host_blocked"]
     if hb:
         out["all.longest_host_blocked_call"] = max(hb, key=lambda g: g["ms"]).get("host_call") or "an unnamed call"

@@ -95,18 +95,22 @@ class Report:
             attribute,
             host_call,
             launch_end_for_gaps,
+            outside_waits_ns,
             reclassify_late_launches,
+            relabel_outside,
+            waited_on,
         )
         from diagnose.analyzers.timeline import analyze_gaps
         from diagnose.vocab import GAP_CAUSES, GAP_KINDS
 
         g = self.analysis.activities
-        cols = ["device", "start_ms", "ms", "kind", "cause", "host_call", "next"]
+        cols = ["device", "start_ms", "ms", "kind", "cause", "host_call", "waited_on", "next"]
         if g is None or len(g) == 0:
             return pd.DataFrame(columns=cols)
         host = self.analysis.host_index or HostIndex.build(self.analysis.trace)
         t0 = int(self.analysis.internal.get("t0", 0) or 0)
         lnames = _launch_names(self.analysis.trace, g)
+        outside = outside_waits_ns(self.analysis.steps, t0)
         parts = []
         for dev in sorted(g["device"].unique()):
             m = (g["device"] == dev).to_numpy()
@@ -120,17 +124,19 @@ class Report:
             ln = lnames[m][st.order]
             gap_le = le[st.order][st.gap_next]
             cause, cover = attribute(st.gap_start, st.gap_end, st.gap_kind, tids[st.gap_next], host, gap_le)
+            relabel_outside(st.gap_start, st.gap_end, cause, *outside)
             reclassify_late_launches(st, cause)
             cg = Gaps(st.gap_start, st.gap_end, st.gap_kind, cause, st.gap_next, cover, gap_le)
             dur = st.gap_end - st.gap_start
             named = np.zeros(len(dur), dtype=bool)
             named[np.argsort(-dur, kind="stable")[:MAX_NAMED_GAPS]] = True
             calls = [host_call(cg, j, host, tids[st.gap_next], ln[st.gap_next]) if named[j] else None for j in range(len(dur))]
+            waited = [waited_on(cg, j, host, tids[st.gap_next]) if named[j] else None for j in range(len(dur))]
             parts.append(pd.DataFrame({
                 "device": int(dev), "start_ms": (st.gap_start - t0) / 1e6, "ms": dur / 1e6,
                 "kind": np.asarray(GAP_KINDS, dtype=object)[st.gap_kind.astype(np.int64)],
                 "cause": np.asarray(GAP_CAUSES, dtype=object)[cause.astype(np.int64)],
-                "host_call": calls, "next": names[st.gap_next]}))
+                "host_call": calls, "waited_on": waited, "next": names[st.gap_next]}))
         return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
 
     def to_dict(self) -> dict[str, Any]:

@@ -90,7 +90,7 @@ GAP_CAUSE_TABLE: tuple[GapCause, ...] = (
     GapCause("not_in_trace", "the next work has no launch call in the trace", True),
     GapCause("unknown", "the next work's launch call is in the trace but its time is unusable (host and GPU clocks disagree: clock_skew)", False),
     GapCause("outside_trace", "the GPU was busy with or waiting for work not in the trace (e.g. the previous step: pipelining)", True),
-    GapCause("pipelined", "the GPU was still running earlier work of the trace (the previous step: healthy pipelining)", True),
+    GapCause("pipelined", "the GPU was still running earlier work of the trace (the previous step): not this step's cost", True),
 )
 GAP_CAUSES = tuple(c.name for c in GAP_CAUSE_TABLE)
 GAP_CAUSE_LABELS = {c.name: c.label for c in GAP_CAUSE_TABLE}
@@ -115,10 +115,13 @@ LEVER_TABLE: tuple[Lever, ...] = (
     Lever("chunked_prefill", "chunked prefill, so prefill and decode share steps",
           "steps.prefill_interleaved_count + steps.mixed_count == 0", "no prefill shares the window with decode steps"),
     Lever("token_budget", "a smaller per-step token budget (vLLM max_num_batched_tokens, SGLang chunked_prefill_size)"),
-    Lever("kernel_fusion", "fuse the elementwise and norm kernels (torch.compile, fused RMSNorm + RoPE kernels)"),
-    Lever("moe_kernels", "a fused-MoE path tuned for the device (or FP8 experts); compare per-expert TB/s"),
+    Lever("kernel_fusion", "fuse the elementwise and norm kernels (torch.compile, fused RMSNorm + RoPE kernels)",
+          "trace.inductor_kernel_share >= 0.3", "the step already runs torch.compile (Inductor) kernels"),
+    Lever("moe_kernels", "MoE expert GEMMs tuned for the device and the tokens per expert (tile and split choice, a vendor "
+          "fused-MoE kernel); compare each expert kernel's TB/s in the kernel table"),
     Lever("gemm_tuning", "tune or replace the costliest GEMM (tile shapes, library, fused epilogues)"),
-    Lever("weight_quantization", "quantize the weights (int8/fp8 halves the bytes, int4 quarters them)"),
+    Lever("weight_quantization", "quantize the weights (int8/fp8 halves the bytes, int4 quarters them)",
+          "model.weight_bits <= 8.5", "the weights are already quantized (8 bits or fewer per weight on average)"),
     Lever("kv_quantization", "quantize the KV cache (int8/fp8)"),
     Lever("bigger_batch", "a bigger decode batch (weights are read once per step)"),
     Lever("remove_host_sync", "remove host synchronizations and blocking copies from the step loop (pinned memory, non_blocking copies)"),
@@ -126,7 +129,7 @@ LEVER_TABLE: tuple[Lever, ...] = (
     Lever("overlap_communication", "overlap communication with compute (or parallelise differently)"),
     Lever("flash_attention", "an IO-aware (FlashAttention-style) attention kernel"),
     Lever("synchronize_timer", "synchronize before reading a host timer (or time with CUDA events)"),
-    Lever("fewer_kernels", "fewer, larger kernels (fusion, CUDA graphs)"),
+    Lever("fewer_kernels", "fewer, larger kernels: fuse the small ones that remain (routing, norms, casts, bookkeeping)"),
 )
 LEVERS = {lv.name: lv for lv in LEVER_TABLE}
 
@@ -147,7 +150,7 @@ QUALITY_TABLE: tuple[QualityCode, ...] = (
     QualityCode("phases_from_shapes", "no step markers: phases read from operator shapes"),
     QualityCode("training_trace", "autograd backward ops found: a training step, so no prefill/decode phase is inferred"),
     QualityCode("unlinked_kernels", "GPU activities without a host launch call of the same correlation id"),
-    QualityCode("graph_kernels_no_launch", "kernels replayed from graph launches: no per-kernel launch; op-level attribution unavailable"),
+    QualityCode("graph_kernels_no_launch", "kernels replayed from graph launches: no per-kernel launch; op-level attribution needs the capture trace (--capture-trace)"),
     QualityCode("graph_coverage_low", "fewer than 90 % of graph launches have GPU activity in the trace: idle and launch-gap numbers unreliable", True),
     QualityCode("unnamed_device", "the device has no name in the trace (vLLM ROCm traces)"),
     QualityCode("device_id_remapped", "one listed GPU whose activities carry another device index"),

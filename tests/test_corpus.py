@@ -73,7 +73,7 @@ def test_sglang_prefill_step():
     assert p.gaps["ms_by_kind"]["launch"] < 2.0
     assert p.gaps["ms_by_kind"]["other"] > 490.0
     longest = p.gaps["longest"][0]
-    assert (longest["cause"], longest["host_call"]) == ("outside_trace", "hipStreamWaitEvent")
+    assert (longest["cause"], longest["host_call"], longest["waited_on"]) == ("outside_trace", "hipMemcpyWithStream", "hipStreamWaitEvent")
     assert longest["ms"] == 493.219121  # resolve_future kernel start 493.365801 - elementwise end 0.146680 (ms from t0)
     # "execute_15360_context_15(...)" wraps "step[EXTEND bs=15 toks=15360]": the step is the inner one.
     assert len(a.steps) == 1
@@ -85,7 +85,8 @@ def test_sglang_prefill_step():
     # = 493.529207 ms, no external wait inside (expert reading: 492.6 ms first GEMM to last kernel).
     assert a.latency.ttft_ms == 493.529207
     waits = s["waits"]
-    assert [(w["where"], w["cause"], w["host_call"]) for w in waits if w["ms"] > 10] == [("before", "outside_trace", "hipStreamWaitEvent")]
+    assert [(w["where"], w["cause"], w["host_call"], w["waited_on"]) for w in waits if w["ms"] > 10] == [
+        ("before", "outside_trace", "hipMemcpyWithStream", "hipStreamWaitEvent")]
 
 
 def test_nano_vllm_decode_from_shapes():

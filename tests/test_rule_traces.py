@@ -410,7 +410,7 @@ def test_profiler_overhead_inside_a_late_launch_is_not_a_launch_gap(kineto, tmp_
     # 205..1195 covers 990 µs >= half of it -> profiler_overhead, kind other, no launch gap
     gap = d["gaps"]["longest"][0]
     assert gap == {"start_ms": pytest.approx(0.2, **FLOAT), "ms": pytest.approx(1.0, **FLOAT), "kind": "other",
-                   "cause": "profiler_overhead", "host_call": "Activity Buffer Request", "next": "gemv_kernel"}
+                   "cause": "profiler_overhead", "host_call": "Activity Buffer Request", "waited_on": None, "next": "gemv_kernel"}
     assert d["idle_by_cause_ms"] == pytest.approx({"profiler_overhead": 1.0}, **FLOAT)
     assert d["launch_gap_share"] == 0.0
     assert d["gaps"]["ms_by_kind"]["launch"] == 0.0

@@ -276,14 +276,14 @@ def test_missing_required_finding_is_not_evaluated_never_passing():
     v = evaluate(rules, {"decode.launch_gap_share": 0.3, "decode.activity_count": 100})
     ne = {n["id"]: n for n in v.not_evaluated}
     assert ne["S2-decode-far-from-bound"]["missing"] == ["decode.bound_ratio"]
-    assert ne["decode-not-fed"]["missing"] == ["decode.mbu", "decode.mfu"]
+    assert ne["decode-not-fed"]["missing"] == ["decode.mbu", "decode.mfu", "decode.gpu_idle_own_share"]
     assert "S2-decode-far-from-bound" not in {p["id"] for p in v.passed}
     assert v.fired_ids == ["S3-launch-gaps"]
     # None and NaN count as missing too.
     v2 = evaluate(rules, {"decode.bound_ratio": None, "decode.mbu": float("nan"), "decode.mfu": 0.01})
     ne2 = {n["id"]: n["missing"] for n in v2.not_evaluated}
     assert ne2["S2-decode-far-from-bound"] == ["decode.bound_ratio"]
-    assert ne2["decode-not-fed"] == ["decode.mbu"]
+    assert ne2["decode-not-fed"] == ["decode.mbu", "decode.gpu_idle_own_share"]
 
 
 _ALL_NAMES = sorted({n for r in load_rules() for n in (*r.requires, *r.min_samples)})
@@ -435,6 +435,7 @@ def test_roofline_fields_and_quality_codes_become_findings():
         "partial": False,
         "phases": [{"name": "all", "device": 0, "gpu_busy_ms": 1.0, "kernel_ms": 1.0, "categories_ms": {}},
                    {"name": "decode", "device": 0, "gpu_busy_ms": 1.0, "kernel_ms": 1.0, "categories_ms": {},
+                    "window_ms": 2.0, "activity_count": 10, "idle_by_cause_ms": {"launch": 1.0},  # idle 50 %
                     "mbu": 0.4, "mfu": 0.01, "bound_ratio": 2.5, "achieved_tbps": 4.0, "peak_tbps": 3.35,
                     "bound": "memory", "peak_tflops": None}],
         "latency": {}, "steps": [],

@@ -275,12 +275,15 @@ def test_sglang_493_ms_wait_is_on_work_outside_the_trace_not_a_host_block():
     queued_ms = (nxt["ts"] - (launch_end + 20)) / 1e3
     assert queued_ms == pytest.approx(493.219121, abs=NS)
     g = _phase(r, "all")["gaps"]["longest"][0]
-    assert (g["ms"], g["cause"], g["host_call"]) == (pytest.approx(queued_ms, abs=NS), "outside_trace", "hipStreamWaitEvent")
+    # what the host was in (issue 13: the ≈493 ms entry names hipMemcpyWithStream) and what
+    # the queued work waited on
+    assert (g["ms"], g["cause"], g["host_call"], g["waited_on"]) == (
+        pytest.approx(queued_ms, abs=NS), "outside_trace", "hipMemcpyWithStream", "hipStreamWaitEvent")
     assert not [x for x in _phase(r, "all")["gaps"]["longest"] if x["cause"] == "host_blocked"]
     # the step's wait before its GPU work: the whole stretch from the step's anchor, same cause
     # (the other waits before the span are the host launching late, 0.08 to 0.18 ms each)
     before = [w for w in r["steps"][0]["waits"] if w["where"] == "before" and w["cause"] != "launch"]
-    assert [(w["cause"], w["host_call"]) for w in before] == [("outside_trace", "hipStreamWaitEvent")]
+    assert [(w["cause"], w["host_call"], w["waited_on"]) for w in before] == [("outside_trace", "hipMemcpyWithStream", "hipStreamWaitEvent")]
     assert before[0]["ms"] == pytest.approx((nxt["ts"] - prev_end) / 1e3, abs=NS)
     assert max(w["ms"] for w in r["steps"][0]["waits"] if w["cause"] == "launch") < 0.2
     # so the headline is the step's own story (expert §3), no host-sync advice

@@ -358,7 +358,17 @@ FINDINGS = (
     Finding("<phase>.bytes", "B", "device-memory bytes of the phase's steps (attainment analyzer)"),
     Finding("<phase>.forward_coverage", "fraction", "FLOPs seen in the step windows / the model config's FLOPs"),
     Finding("<phase>.graph_coverage", "fraction", "per-phase graph coverage when the report provides it"),
+    Finding("model.weight_bits", "bits", "average stored bits per weight of the model config (weight_bytes * 8 / params_total; None without a config)"),
 )
+
+
+def findings(report: dict, device: Any, out: dict) -> None:
+    """Model-level findings from the report's ``model`` object."""
+    m = report.get("model") or {}
+    wb, params = num(m.get("weight_bytes")), num(m.get("params_total"))
+    tp = num(m.get("tp")) or 1
+    # weight_bytes is per rank under tensor parallelism: the whole model's bits per weight
+    out["model.weight_bits"] = wb * tp * 8 / params if wb and params else None
 
 
 def findings_of_phase(p: dict, out: dict) -> None:

@@ -30,7 +30,7 @@ from diagnose.analyzers.waits import (
     relabel_outside,
 )
 from diagnose.numeric import div, num
-from diagnose.trace.model import NO_TIME, Trace
+from diagnose.trace.model import NO_TIME, Trace, per_unique
 from diagnose.vocab import CATEGORIES, STEP_PHASES
 
 #: Kernels shorter than this are "small": each costs about as much to launch as to run
@@ -100,7 +100,7 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
     is_kernel = (sub["kind"] == "kernel").to_numpy()
     kernel_ns = int(dur[is_kernel].sum())
     small = is_kernel & (dur < SMALL_KERNEL_NS)
-    h2d = (sub["kind"] == "memcpy").to_numpy() & np.array(["HtoD" in str(n) or "Host -> Device" in str(n) for n in sub["name"].to_numpy(dtype=object)], dtype=bool) if len(sub) else np.zeros(0, dtype=bool)
+    h2d = (sub["kind"] == "memcpy").to_numpy() & per_unique(sub["name"], lambda n: "HtoD" in str(n) or "Host -> Device" in str(n))
     comm = cat_id == CATEGORIES.index("communication")
     comm_exposed_ns = 0
     if comm.any():

@@ -28,6 +28,7 @@ from diagnose.analyzers.base import Context
 from diagnose.analyzers.phases import _is_int_list
 from diagnose.analyzers.waits import _cause_of, _cpu_ranges
 from diagnose.trace.kineto import parse_input_dims
+from diagnose.trace.model import per_unique
 
 FINDINGS = ()
 
@@ -45,9 +46,7 @@ def _graph_capture(ctx: Context) -> None:
     rt = ctx.trace.runtime
     if len(rt) == 0:
         return
-    names = rt["name"].to_numpy(dtype=object)
-    codes, uniq = np.unique(names, return_inverse=True)
-    hit = np.array([bool(_CAPTURE.search(str(u))) for u in codes], dtype=bool)[uniq]
+    hit = per_unique(rt["name"], lambda u: bool(_CAPTURE.search(str(u))))
     n = int(hit.sum())
     if n:
         ctx.note("graph_capture", f"CUDA/HIP graph capture pass ({n} stream-capture calls): the kernels were recorded, not "
@@ -60,21 +59,19 @@ def _cold_start(ctx: Context) -> None:
     parts = []
     ov = getattr(trace, "overhead", None)
     if ov is not None and len(ov):
-        lazy = np.array([_cause_of(str(n), "overhead") == "cold_start" for n in ov["name"]], dtype=bool)
+        lazy = per_unique(ov["name"], lambda u: _cause_of(str(u), "overhead") == "cold_start")
         if lazy.any():
             ms = float((ov["end_ns"] - ov["start_ns"]).to_numpy()[lazy].sum()) / 1e6
             parts.append(f"lazy module loading {int(lazy.sum())}x, {ms:.3f} ms")
     rt = trace.runtime
     if len(rt):
-        codes, uniq = np.unique(rt["name"].to_numpy(dtype=object), return_inverse=True)
-        cold = np.array([_cause_of(str(u), "runtime") == "cold_start" for u in codes], dtype=bool)[uniq]
+        cold = per_unique(rt["name"], lambda u: _cause_of(str(u), "runtime") == "cold_start")
         if cold.any():
             ms = float((rt["end_ns"] - rt["start_ns"]).to_numpy()[cold].sum()) / 1e6
             parts.append(f"module loading / runtime compilation calls {int(cold.sum())}x, {ms:.3f} ms")
     r = _cpu_ranges(trace)
     if len(r):
-        codes, uniq = np.unique(r["name"].to_numpy(dtype=object), return_inverse=True)
-        comp = np.array([_cause_of(str(u), "range") == "cold_start" for u in codes], dtype=bool)[uniq]
+        comp = per_unique(r["name"], lambda u: _cause_of(str(u), "range") == "cold_start")
         if comp.any():
             ms = float((r["end_ns"] - r["start_ns"]).to_numpy()[comp].sum()) / 1e6
             parts.append(f"compile ranges {int(comp.sum())}x, {ms:.3f} ms")

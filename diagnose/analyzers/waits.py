@@ -52,7 +52,7 @@ import pandas as pd
 
 from diagnose.analyzers.base import Context, Finding
 from diagnose.analyzers.timeline import LAUNCH_LATENCY_NS, MIN_GAP_NS, classify_gaps, union_busy_ns
-from diagnose.trace.model import NO_TIME, Trace
+from diagnose.trace.model import NO_TIME, Trace, per_unique
 from diagnose.vocab import EXTERNAL_CAUSES, GAP_CAUSES, GAP_KINDS
 
 FINDINGS = (
@@ -93,7 +93,8 @@ SWITCH_MAX_NS = 5_000
 #: How far before the launch the stream/event wait named for a dependency gap may be.
 WAIT_CALL_LOOKBACK_NS = 10_000_000
 
-_WAIT_CALL = re.compile(r"StreamWaitEvent|EventSynchronize|StreamWaitValue|StreamSynchronize", re.I)
+#: Calls that make a stream wait (the GPU waits, not the host): the queued work waits on them.
+_WAIT_CALL = re.compile(r"StreamWaitEvent|StreamWaitValue|WaitExternalSemaphore", re.I)
 
 #: Inside a step's span, idle gaps shorter than this are summed by cause but not listed.
 STEP_WAIT_MIN_NS = 50_000
@@ -131,10 +132,8 @@ class _Intervals:
         if len(frame) == 0:
             z = np.zeros(0, dtype=np.int64)
             return cls(z, z, np.zeros(0, dtype=object), np.zeros(0, dtype=object))
-        codes, uniq = pd.factorize(frame["name"].to_numpy(dtype=object), sort=False)
-        ucause = np.array([_cause_of(str(u), what) for u in uniq], dtype=object)
-        cause = ucause[codes]
-        keep = np.ones(len(frame), dtype=bool) if keep_all else np.array([c is not None for c in cause], dtype=bool)
+        cause = per_unique(frame["name"], lambda u: _cause_of(str(u), what), dtype=object)
+        keep = np.ones(len(frame), dtype=bool) if keep_all else pd.notna(cause)
         s = frame["start_ns"].to_numpy()[keep]
         order = np.argsort(s, kind="stable")
         return cls(s[order], frame["end_ns"].to_numpy()[keep][order],
@@ -321,7 +320,11 @@ def attribute(gs: np.ndarray, ge: np.ndarray, kind: np.ndarray, tids: np.ndarray
 
 
 def host_call(g: Gaps, j: int, host: HostIndex, tids: np.ndarray, launch_names: np.ndarray | None) -> str | None:
-    """The name that explains gap ``j`` (see the module docstring), or None."""
+    """What the host was doing during gap ``j`` (see the module docstring), or None: the
+    interval that explains it; else, for a launch gap, the innermost CPU op or range the
+    launching thread was in; for other gaps, a runtime call of the launching thread spanning
+    most of it (a host blocked *behind* queued work is named: it was in that call). What queued
+    work waited on is :func:`waited_on`."""
     c = g.cover[j]
     if c is not None:
         if c[0] == "overhead":
@@ -337,21 +340,35 @@ def host_call(g: Gaps, j: int, host: HostIndex, tids: np.ndarray, launch_names: 
             return inner
         if launch_names is not None:
             return str(launch_names[j]) or None
-    if cause in ("dependency", "outside_trace"):
-        if host.syncs is not None:
-            best, cov = host.syncs.best_cover(g.start[j:j + 1], g.end[j:j + 1])
-            if best[0] >= 0 and cov[0] > 0:
-                return str(host.syncs.name[best[0]])
-        le = int(g.launch_end[j]) if g.launch_end is not None else NO_TIME
-        iv = host.runtime.get(tid)
-        if le != NO_TIME and iv is not None:
-            # the last stream/event wait the launching thread issued before queueing the work
-            hi = int(np.searchsorted(iv.start, le, side="left"))
-            for i in range(hi - 1, -1, -1):
-                if iv.start[i] < le - WAIT_CALL_LOOKBACK_NS:
-                    break
-                if _WAIT_CALL.search(str(iv.name[i])):
-                    return str(iv.name[i])
+        return None
+    iv = host.runtime.get(tid)
+    if iv is not None:
+        best, cov = iv.best_cover(g.start[j:j + 1], g.end[j:j + 1])
+        if best[0] >= 0 and cov[0] * 2 >= g.end[j] - g.start[j]:
+            return str(iv.name[best[0]])
+    return None
+
+
+def waited_on(g: Gaps, j: int, host: HostIndex, tids: np.ndarray) -> str | None:
+    """For a gap whose next work was queued in time (``dependency``, ``outside_trace``): what
+    it waited on, as far as the trace tells: the GPU-side wait (``cuda_sync`` events) covering
+    it, else the last stream/event wait the launching thread issued before queueing the work
+    (within :data:`WAIT_CALL_LOOKBACK_NS`); None otherwise."""
+    if GAP_CAUSES[int(g.cause[j])] not in ("dependency", "outside_trace"):
+        return None
+    if host.syncs is not None:
+        best, cov = host.syncs.best_cover(g.start[j:j + 1], g.end[j:j + 1])
+        if best[0] >= 0 and cov[0] > 0:
+            return str(host.syncs.name[best[0]])
+    le = int(g.launch_end[j]) if g.launch_end is not None else NO_TIME
+    iv = host.runtime.get(int(tids[j]) if len(tids) else -1)
+    if le != NO_TIME and iv is not None:
+        hi = int(np.searchsorted(iv.start, le, side="left"))
+        for i in range(hi - 1, -1, -1):
+            if iv.start[i] < le - WAIT_CALL_LOOKBACK_NS:
+                break
+            if _WAIT_CALL.search(str(iv.name[i])):
+                return str(iv.name[i])
     return None
 
 
@@ -421,7 +438,8 @@ def idle_by_cause_ms(g: Gaps) -> dict[str, float]:
 
 def longest(g: Gaps, host: HostIndex, tids_next: np.ndarray, names_next: np.ndarray, launch_names_next: np.ndarray | None,
             t0_ns: int, n: int = LONGEST_GAPS) -> list[dict[str, Any]]:
-    """The ``n`` longest gaps: start_ms (from the trace start), ms, kind, cause, host_call, next."""
+    """The ``n`` longest gaps: start_ms (from the trace start), ms, kind, cause, host_call,
+    waited_on, next."""
     out = []
     if len(g.start) == 0:
         return out
@@ -433,6 +451,7 @@ def longest(g: Gaps, host: HostIndex, tids_next: np.ndarray, names_next: np.ndar
             "kind": GAP_KINDS[int(g.kind[j])],
             "cause": GAP_CAUSES[int(g.cause[j])],
             "host_call": host_call(g, int(j), host, tids_next, launch_names_next),
+            "waited_on": waited_on(g, int(j), host, tids_next),
             "next": str(names_next[j])[:120],
         })
     return out
@@ -521,7 +540,8 @@ def run(ctx: Context) -> None:
                     w.append({"where": "inside", "start_ms": round((int(gap.start[j]) - t0) / 1e6, 6),
                               "ms": round(float(dur[j]) / 1e6, 6), "cause": GAP_CAUSES[int(gap.cause[j])],
                               "host_call": host_call(gap, int(j), host, tids[lo_i:hi_i][gap.next_idx], lnames[lo_i:hi_i][gap.next_idx])
-                              if nx >= 0 else None})
+                              if nx >= 0 else None,
+                              "waited_on": waited_on(gap, int(j), host, tids[lo_i:hi_i][gap.next_idx]) if nx >= 0 else None})
                 waits[i] = w
                 by_cause[i] = cause_ms
     steps["gpu_span_ms"] = span_ms
@@ -559,7 +579,7 @@ def _before_span(anchor: int, gs0: int, s, e, cm, le, tids, names, lnames, stp, 
             merged.append([a, b])
     if pipelined >= STEP_WAIT_MIN_NS:
         out.append({"where": "before", "start_ms": round((first_pipelined - t0) / 1e6, 6), "ms": round(pipelined / 1e6, 6),
-                    "cause": "pipelined", "host_call": None})
+                    "cause": "pipelined", "host_call": None, "waited_on": None})
     cur = anchor
     for a, b in merged + [[gs0, gs0]]:
         if a - cur >= MIN_GAP_NS:
@@ -593,6 +613,7 @@ def _before_span(anchor: int, gs0: int, s, e, cm, le, tids, names, lnames, stp, 
                     cname = "outside_trace"
                 gg = Gaps(np.array([p0]), np.array([p1]), kind, cause, np.array([0]), cover, lk)
                 out.append({"where": "before", "start_ms": round((p0 - t0) / 1e6, 6), "ms": round((p1 - p0) / 1e6, 6),
-                            "cause": cname, "host_call": host_call(gg, 0, host, np.array([tids[k]]), np.array([lnames[k]]))})
+                            "cause": cname, "host_call": host_call(gg, 0, host, np.array([tids[k]]), np.array([lnames[k]])),
+                            "waited_on": waited_on(gg, 0, host, np.array([tids[k]]))})
         cur = max(cur, b)
     return out

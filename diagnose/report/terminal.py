@@ -174,7 +174,8 @@ def _render_waits(c: Console, d: dict[str, Any]) -> None:
         for col in ("start ms", "idle ms", "cause", "host was in", "next on the GPU"):
             t.add_column(col, justify="right" if col in ("start ms", "idle ms") else "left", overflow="fold")
         for g in p["gaps"].get("longest") or []:
-            t.add_row(_ms(g["start_ms"]), _ms(g["ms"]), g["cause"], safe(g.get("host_call") or "—"), safe(g.get("next") or "")[:70])
+            cause = g["cause"] + (f" (after {g['waited_on']})" if g.get("waited_on") else "")
+            t.add_row(_ms(g["start_ms"]), _ms(g["ms"]), safe(cause), safe(g.get("host_call") or "—"), safe(g.get("next") or "")[:70])
         c.print(t)
         c.print("[dim]" + escape("; ".join(f"{k}: {GAP_CAUSE_LABELS[k]}" for k in by if k in GAP_CAUSE_LABELS)) + "[/dim]")
     steps = d.get("steps") or []
@@ -183,7 +184,8 @@ def _render_waits(c: Console, d: dict[str, Any]) -> None:
         c.print(Text("Before their GPU work, steps waited:", style="bold"))
         for s, w in before[:8]:
             c.print(Text(safe(f"  {s['name'][:60]}: {w['ms']:.3f} ms {w['cause']}"
-                              + (f" ({w['host_call']})" if w.get("host_call") else "")
+                              + (f" after {w['waited_on']}" if w.get("waited_on") else "")
+                              + (f" (host in {w['host_call']})" if w.get("host_call") else "")
                               + f" — {GAP_CAUSE_LABELS.get(w['cause'], '')}")))
 
 

@@ -54,7 +54,7 @@ linked to another rank's launch. :func:`~diagnose.trace.ranks.split_ranks` remov
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -122,18 +122,32 @@ FRAMES = {"gpu": GPU_COLUMNS, "runtime": RUNTIME_COLUMNS, "cpu_ops": CPU_OP_COLU
 
 
 def factorize(values: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, uniques) of a 1-D sequence of hashable values (names, categories): int64 codes
-    into object uniques, in first-seen order. ``pd.factorize`` on an object Series with
-    missing values kept as a value (``use_na_sentinel=False``; None and NaN are one value); a
+    """(codes, uniques) of a 1-D sequence of hashable values (names, categories): codes int64
+    into uniques, in first-seen order, like ``pd.factorize(values, sort=False)`` except that
+    None is a value like any other. Kept over ``pd.factorize``: on the loader's object arrays
+    of ``str`` it is about 2x faster (pandas first infers a string dtype; measured on the 316 MB
+    replica: 24 vs 44 ms for 126k names, ``_Columns.state()`` 65 % slower with pandas). A
     categorical gives its own codes and categories at no cost (categories' order; code -1 for
     a missing value).
     """
     if isinstance(getattr(values, "dtype", None), pd.CategoricalDtype):  # codes for free
         cat = values.cat if isinstance(values, pd.Series) else values
         return np.asarray(cat.codes, dtype=np.int64), np.asarray(cat.categories, dtype=object)
-    s = values if isinstance(values, pd.Series) and values.dtype == object else pd.Series(np.asarray(values, dtype=object), copy=False, dtype=object)
-    codes, uniques = pd.factorize(s, sort=False, use_na_sentinel=False)
-    return np.asarray(codes, dtype=np.int64), np.asarray(uniques, dtype=object)
+    if isinstance(values, pd.Series):
+        values = values.to_numpy(dtype=object)
+    seen: dict[Any, int] = {}
+    codes = np.fromiter((seen.setdefault(v, len(seen)) for v in values), dtype=np.int64, count=len(values))
+    return codes, np.fromiter(seen, dtype=object, count=len(seen))
+
+
+def per_unique(values: Any, fn: Callable[[Any], Any], dtype: Any = bool) -> np.ndarray:
+    """``fn`` applied once per distinct value of ``values`` (names: tens of distinct values
+    among millions of events), spread back to one result per value: a ``dtype`` array.
+    A missing value of a categorical (code -1) gives ``fn(None)``.
+    """
+    codes, uniq = factorize(values)
+    out = np.array([fn(u) for u in uniq] + [fn(None)], dtype=dtype)  # the last one: code -1
+    return out[codes]
 
 
 def frame(columns: dict[str, str], data: dict[str, Any] | None = None) -> pd.DataFrame:
