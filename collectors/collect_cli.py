@@ -92,10 +92,7 @@ def collect_torch_cmd(
         validate_args(config, model_path, device, dtype, batch, prompt_len, decode_steps, cuda_graph, warmup)
         try:
             summary = collect_torch(
-                config=config,
-                model_path=model_path,
-                device=device,
-                dtype=dtype,
+                **_model_kwargs(config, model_path, device, dtype),
                 batch=batch,
                 prompt_len=prompt_len,
                 decode_steps=decode_steps,
@@ -117,6 +114,11 @@ def collect_torch_cmd(
         f"{steps['decode']} decode steps, bs={batch}, {device}/{dtype}"
         + (", cuda-graph" if cuda_graph else "")
     )
+
+
+def _model_kwargs(config, model_path: str | None, device: str, dtype: str) -> dict:
+    """The model and placement arguments both collectors take."""
+    return {"config": config, "model_path": model_path, "device": device, "dtype": dtype}
 
 
 @collect_group.command(name="bench", cls=_OneLineCommand)
@@ -177,21 +179,10 @@ def collect_bench_cmd(
         validate_bench_args(config, model_path, device, dtype, p_lens, b_list, c_list, warmup, iters, perplexity_text)
         peak_from_overrides(gpu=gpu, peak_tflops=peak_tflops, bandwidth_tbps=bandwidth_tbps)
         results = run_bench(
-            config=config,
-            model_path=model_path,
-            device=device,
-            dtype=dtype,
-            prompt_lens=p_lens,
-            batches=b_list,
-            contexts=c_list,
-            warmup=warmup,
-            iters=iters,
-            gpu=gpu,
-            peak_tflops=peak_tflops,
-            bandwidth_tbps=bandwidth_tbps,
-            perplexity_text=perplexity_text,
-            out=out,
-            seed=seed,
+            **_model_kwargs(config, model_path, device, dtype),
+            prompt_lens=p_lens, batches=b_list, contexts=c_list, warmup=warmup, iters=iters, seed=seed,
+            gpu=gpu, peak_tflops=peak_tflops, bandwidth_tbps=bandwidth_tbps,
+            perplexity_text=perplexity_text, out=out,
             config_label=f"preset:{config_name}" if config_name else f"model:{model_path}",
             progress=lambda line: click.echo(f"bench: {line}", err=True),
         )

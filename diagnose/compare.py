@@ -8,29 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from diagnose.analyzers.base import Finding
+from diagnose.analyzers.base import declared
 from diagnose.engine import RuleSet, Verdicts, evaluate
 from diagnose.findings import Findings, findings_from_report
 from diagnose.numeric import div
 
-FINDINGS = (
-    Finding("baseline.<finding>", "as the finding", "every single-trace finding of the baseline trace"),
-    Finding("candidate.<finding>", "as the finding", "every single-trace finding of the candidate trace"),
-    Finding("delta.ttft_ratio", "ratio", "candidate / baseline TTFT proxy"),
-    Finding("delta.ttft_p50_ratio", "ratio", "candidate / baseline p50 TTFT (prefill step wall)"),
-    Finding("delta.ttft_p90_ratio", "ratio", "candidate / baseline p90 TTFT"),
-    Finding("delta.ttft_p99_ratio", "ratio", "candidate / baseline p99 TTFT"),
-    Finding("delta.tpot_p50_ratio", "ratio", "candidate / baseline p50 TPOT"),
-    Finding("delta.tpot_p90_ratio", "ratio", "candidate / baseline p90 TPOT"),
-    Finding("delta.tpot_p99_ratio", "ratio", "candidate / baseline p99 TPOT"),
-    Finding("delta.decode_step_p50_ratio", "ratio", "candidate / baseline p50 decode step wall"),
-    Finding("delta.worst_latency_ratio", "ratio", "largest of the TTFT/TPOT p50/p90/p99 ratios that exist (TTFT proxy when no percentile)"),
-    Finding("delta.decode_launch_gap_share_change", "fraction (points)", "candidate - baseline decode launch-gap share"),
-    Finding("delta.all_gpu_idle_share_change", "fraction (points)", "candidate - baseline GPU idle share"),
-    Finding("delta.decode_mbu_change", "fraction (points)", "candidate - baseline decode MBU"),
-    Finding("delta.decode_mfu_change", "fraction (points)", "candidate - baseline decode MFU"),
-    Finding("delta.prefill_mfu_change", "fraction (points)", "candidate - baseline prefill MFU"),
-)
+FINDINGS = declared("compare")
 
 
 _DELTA_RATIOS = {

@@ -11,40 +11,12 @@ import math
 import statistics
 from typing import Any, Mapping, Sequence
 
-from diagnose.analyzers.base import Finding
+from diagnose.analyzers.base import declared
 from diagnose.errors import DiagnoseError
 from diagnose.findings import Findings, findings_from_report
 from diagnose.numeric import div
 
-FINDINGS = (
-    Finding("sweep.points", "count", "traces in the sweep"),
-    Finding("sweep.ctx_points", "count", "distinct context lengths in the context series (points sharing the most common batch)"),
-    Finding("sweep.ctx_min", "tokens", "smallest context of the series"),
-    Finding("sweep.ctx_max", "tokens", "largest context of the series"),
-    Finding("sweep.tpot_ctx_slope_ms_per_1k", "ms per 1k tokens", "least-squares slope of p50 TPOT against context"),
-    Finding("sweep.tpot_ctx_slope_r2", "fraction", "R^2 of that linear fit (1 = perfectly linear)"),
-    Finding("sweep.tpot_ctx_growth", "ratio", "p50 TPOT at the largest context / at the smallest"),
-    Finding("sweep.ctx_ratio", "ratio", "largest / smallest context"),
-    Finding("sweep.batch_points", "count", "distinct batch sizes in the batch series (points sharing the most common context)"),
-    Finding("sweep.batch_max", "sequences", "largest batch"),
-    Finding("sweep.batch_prev", "sequences", "second-largest batch"),
-    Finding("sweep.throughput_last_tok_s", "tokens/s", "decode throughput (batch / p50 TPOT) at the largest batch"),
-    Finding("sweep.throughput_prev_tok_s", "tokens/s", "decode throughput at the second-largest batch"),
-    Finding("sweep.throughput_gain_last_batch_doubling", "ratio", "throughput gain per batch doubling over the last step: (thr_last / thr_prev) ** (1 / log2(b_last / b_prev))"),
-    Finding("sweep.throughput_gain_total", "ratio", "throughput at the largest batch / at the smallest"),
-    Finding("sweep.tpot_batch_growth_last", "ratio", "p50 TPOT at the largest batch / at the second-largest"),
-    Finding("sweep.gpus_min", "GPUs", "fewest GPUs in the sweep"),
-    Finding("sweep.gpus_max", "GPUs", "most GPUs in the sweep"),
-    Finding("sweep.tpot_fewest_gpus_ms", "ms", "p50 TPOT with the fewest GPUs (mean over such points)"),
-    Finding("sweep.tpot_most_gpus_ms", "ms", "p50 TPOT with the most GPUs"),
-    Finding("sweep.tp_tpot_ratio", "ratio", "tpot_most_gpus / tpot_fewest_gpus (>= 1: parallelism did not help decode)"),
-    Finding("sweep.decode_comm_share_most_gpus", "fraction", "decode communication share with the most GPUs"),
-    Finding("sweep.prefill_prompt_short", "tokens", "shortest prompt of the prefill series"),
-    Finding("sweep.prefill_prompt_long", "tokens", "longest prompt of the prefill series"),
-    Finding("sweep.prefill_mfu_short", "fraction", "prefill MFU at the shortest prompt"),
-    Finding("sweep.prefill_mfu_long", "fraction", "prefill MFU at the longest prompt"),
-    Finding("sweep.prefill_mfu_short_over_long", "ratio", "prefill_mfu_short / prefill_mfu_long"),
-)
+FINDINGS = declared("sweep")
 
 
 _LABEL_ALIASES = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from importlib import resources
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import msgspec
 
@@ -66,6 +66,12 @@ class GpuTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     gpus: list[GpuRow]
 
 
+class FindingRow(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    name: str
+    unit: str
+    description: str
+
+
 def _compile(pattern: str, where: str, flags: int = 0) -> None:
     try:
         re.compile(pattern, flags)
@@ -73,7 +79,7 @@ def _compile(pattern: str, where: str, flags: int = 0) -> None:
         raise DiagnoseError(f"{where}: bad regex {pattern!r}: {e}") from None
 
 
-def load_table(filename: str, kind: type[msgspec.Struct]):
+def load_table(filename: str, kind: Any):
     """``diagnose/data/<filename>`` converted to ``kind``.
 
     Raises:
@@ -85,6 +91,8 @@ def load_table(filename: str, kind: type[msgspec.Struct]):
         table = msgspec.convert(load_yaml(text), kind)
     except msgspec.ValidationError as e:
         raise DiagnoseError(f"diagnose/data/{filename}: {e}") from None
+    if isinstance(table, dict):
+        return table
     if isinstance(table, GpuTable):
         for r in table.gpus:
             if not r.aliases:
@@ -119,3 +127,9 @@ def host_call_table() -> HostCallTable:
 @lru_cache(maxsize=None)
 def gpu_table() -> GpuTable:
     return load_table("gpus.yaml", GpuTable)
+
+
+@lru_cache(maxsize=None)
+def finding_table() -> dict[str, list[FindingRow]]:
+    """The finding catalog, by declaring module (``diagnose/data/findings.yaml``)."""
+    return load_table("findings.yaml", dict[str, list[FindingRow]])

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from diagnose.collectors.presets import PRESETS
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 
@@ -17,6 +19,13 @@ SHARED_TRACES = ROOT.parent / "shared" / "traces"
 PRINT_PEAK_RSS_BYTES = (
     "print(next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM:')))\n"
 )
+
+
+# domain.md section 2, reference config "7B-like": the collector preset's model fields (a
+# Hugging Face config.json's names; 32 layers, hidden 4096, 32 heads / 8 KV heads of 128,
+# intermediate 11008, vocabulary 128000, untied embeddings).
+REF_7B_CONFIG = {k: v for k, v in PRESETS["ref7b"].items()
+                 if k not in ("model_type", "max_position_embeddings", "hidden_act", "rms_norm_eps")}
 
 
 def shared_trace(rel: str) -> Path:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REF_7B_CONFIG
+
 from diagnose.accounting import (
     DTYPE_BYTES,
     FRAGMENTATION_FACTOR,
@@ -31,17 +33,7 @@ from diagnose.errors import DiagnoseError
 
 DATA = Path(__file__).parent / "data"
 
-# domain.md section 2, reference config "7B-like".
-REF_CFG = {
-    "num_hidden_layers": 32,
-    "hidden_size": 4096,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "intermediate_size": 11008,
-    "vocab_size": 128000,
-    "tie_word_embeddings": False,
-}
+REF_CFG = dict(REF_7B_CONFIG)  # domain.md section 2, reference config "7B-like"
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from conftest import REF_7B_CONFIG
 from click.testing import CliRunner
 
 from diagnose.bounds_cli import bounds_command, kv_budget_command
@@ -14,16 +16,7 @@ from diagnose.cli import main
 DATA = Path(__file__).parent / "data"
 QWEN = str(DATA / "qwen3_0_6b_config.json")
 
-REF_CFG = {
-    "num_hidden_layers": 32,
-    "hidden_size": 4096,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "intermediate_size": 11008,
-    "vocab_size": 128000,
-    "tie_word_embeddings": False,
-}
+REF_CFG = dict(REF_7B_CONFIG)  # domain.md section 2, reference config "7B-like"
 
 
 @pytest.fixture

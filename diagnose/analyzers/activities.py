@@ -13,18 +13,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diagnose.analyzers.base import Context, Finding
+from diagnose.analyzers.base import Context, declared
 from diagnose.analyzers.categories import CATEGORY_NAMES, category_ids
 from diagnose.analyzers.launches import GRAPH_COVERAGE_MIN, launch_stats
 from diagnose.analyzers.phases import assign_steps
 from diagnose.numeric import num
 from diagnose.trace.model import NO_TIME, factorize
 
-FINDINGS = (
-    Finding("trace.device", "id", "GPU device whose numbers the phase findings are (most GPU busy time unless chosen)"),
-    Finding("trace.device_count", "count", "GPU devices with activity"),
-    Finding("trace.gpu_activity_count", "count", "GPU activities on the selected device"),
-)
+FINDINGS = declared("activities")
 
 
 def run(ctx: Context) -> None:

@@ -37,7 +37,7 @@ import pandas as pd
 
 from diagnose import accounting
 from diagnose.accounting import ModelSpec
-from diagnose.analyzers.base import Context, Finding
+from diagnose.analyzers.base import Context, declared
 from diagnose.errors import DiagnoseError
 from diagnose.hardware import peak_from_overrides
 from diagnose.numeric import div, num
@@ -343,23 +343,7 @@ def run(ctx: Context) -> None:
     ctx.extra["model"] = _model_dict(inp)
 
 
-FINDINGS = (
-    Finding("<phase>.mfu", "fraction", "model FLOPs utilization (roofline analyzer; absent when model/GPU unknown)"),
-    Finding("<phase>.mbu", "fraction", "model bandwidth utilization = achieved B/s / peak B/s (roofline analyzer)"),
-    Finding("<phase>.achieved_tflops", "TFLOP/s", "achieved FLOP rate (1e12 FLOP/s)"),
-    Finding("<phase>.achieved_tbps", "TB/s", "achieved device-memory bandwidth (1e12 B/s)"),
-    Finding("<phase>.arithmetic_intensity", "FLOP/B", "FLOPs / bytes moved"),
-    Finding("<phase>.bound_ratio", "ratio", "measured time / analytic lower bound (>= 1; 1.5 good, 3-4 a real problem)"),
-    Finding("<phase>.peak_tbps", "TB/s", "device peak memory bandwidth used for MBU"),
-    Finding("<phase>.peak_tflops", "TFLOP/s", "device peak FLOP rate used for MFU"),
-    Finding("<phase>.compute_bound", "0/1", "1 when the roofline analyzer says 'compute', 0 for 'memory'"),
-    Finding("<phase>.bandwidth_over_peak", "ratio", "achieved_tbps / peak_tbps (> 1 is physically impossible: S7)"),
-    Finding("<phase>.flops", "FLOP", "FLOPs of the phase's steps (attainment analyzer)"),
-    Finding("<phase>.bytes", "B", "device-memory bytes of the phase's steps (attainment analyzer)"),
-    Finding("<phase>.forward_coverage", "fraction", "FLOPs seen in the step windows / the model config's FLOPs"),
-    Finding("<phase>.graph_coverage", "fraction", "per-phase graph coverage when the report provides it"),
-    Finding("model.weight_bits", "bits", "average stored bits per weight of the model config (weight_bytes * 8 / params_total; None without a config)"),
-)
+FINDINGS = declared("attainment")
 
 
 def findings(report: dict, device: Any, out: dict) -> None:

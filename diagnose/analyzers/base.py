@@ -1,8 +1,8 @@
 """What every analyzer shares: the finding declaration and the analysis context.
 
 An analyzer is a module in :data:`diagnose.analyzers.ANALYZERS`. It declares the findings it
-produces (``FINDINGS``: name with unit and description, next to the code that computes
-them) and exposes
+produces (``FINDINGS = declared("<module>")``: name, unit and description, kept in the
+catalog ``diagnose/data/findings.yaml`` under the module's name) and exposes
 
 * ``run(ctx: Context) -> None``: compute its part of the analysis from the trace and the
   results of the analyzers before it, storing frozen results on ``ctx``;
@@ -40,6 +40,23 @@ class Finding:
     name: str
     unit: str
     description: str
+
+
+def declared(section: str, **fields: str) -> tuple[Finding, ...]:
+    """The findings a module declares in the catalog ``diagnose/data/findings.yaml``
+    (``section``: the module's name), with ``{field}`` placeholders of the descriptions
+    filled from ``fields``.
+
+    Raises:
+        DiagnoseError: the packaged catalog is malformed or has no such section.
+    """
+    from diagnose.errors import DiagnoseError
+    from diagnose.tables import finding_table
+
+    rows = finding_table().get(section)
+    if rows is None:
+        raise DiagnoseError(f"diagnose/data/findings.yaml has no section {section!r}")
+    return tuple(Finding(r.name, r.unit, r.description.format(**fields) if fields else r.description) for r in rows)
 
 
 @dataclass

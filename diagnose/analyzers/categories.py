@@ -12,7 +12,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from diagnose.analyzers.base import Finding
+from diagnose.analyzers.base import declared
 from diagnose.numeric import div, num
 from diagnose.trace.model import factorize
 from diagnose.vocab import CATEGORIES, SHARE_CATEGORIES
@@ -119,18 +119,7 @@ def category_ids(gpu: pd.DataFrame, name_codes: np.ndarray | None = None, names:
     return out
 
 
-FINDINGS = (
-    Finding("<phase>.attention_share", "fraction", "attention kernel time / kernel time"),
-    Finding("<phase>.kernel_ms", "ms", "sum of kernel durations (not busy time)"),
-    Finding("<phase>.kernel_count", "count", "kernels in the phase"),
-    Finding("<phase>.activity_count", "count", "GPU activities (kernels, memcpy, memset) in the phase"),
-    Finding("<phase>.<category>_ms", "ms", "summed duration of the category (0 when absent)"),
-    Finding("<phase>.<category>_share", "fraction", "category kernel time / kernel time, for " + ", ".join(SHARE_CATEGORIES)),
-    Finding("<phase>.comm_share", "fraction", "communication (NCCL/RCCL...) kernel time / kernel time"),
-    Finding("<phase>.elementwise_norm_ms", "ms", "elementwise + norm kernel time (activations, RoPE, casts, copies, norms)"),
-    Finding("<phase>.elementwise_norm_share", "fraction", "elementwise + norm kernel time / kernel time"),
-    Finding("<phase>.top_category_share", "fraction", "the kernel category with the most kernel time: its share (label <phase>.top_category)"),
-)
+FINDINGS = declared("categories", share_categories=", ".join(SHARE_CATEGORIES))
 
 
 def findings_of_phase(p: dict, out: dict) -> None:

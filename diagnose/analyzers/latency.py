@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagnose.analyzers.base import Context, Finding
+from diagnose.analyzers.base import Context, declared
 from diagnose.numeric import div, num
 from diagnose.trace.model import NO_TIME
 
@@ -148,59 +148,7 @@ def latency_findings(steps: pd.DataFrame) -> LatencyFindings:
     )
 
 
-FINDINGS = (
-    Finding("<phase>.steps", "count", "engine steps of the phase (all: every step)"),
-    Finding("<phase>.wall_ms", "ms", "union of the phase's step wall intervals (marker start to the later of marker end and GPU end; overlaps once); all: GPU window or CPU span"),
-    Finding("<phase>.own_ms", "ms", "sum of the phase's step own times (GPU span minus external waits): the time base of MFU/MBU"),
-    Finding("latency.ttft_ms", "ms", "TTFT proxy: own time of the first prefill step"),
-    Finding("latency.ttft_samples", "count", "prefill steps"),
-    Finding("latency.ttft_p50_ms", "ms", "p50 of prefill step own times (TTFT proxy distribution)"),
-    Finding("latency.ttft_p90_ms", "ms", "p90 of prefill step own times"),
-    Finding("latency.ttft_p99_ms", "ms", "p99 of prefill step own times"),
-    Finding("latency.tpot_p50_ms", "ms", "p50 TPOT (interval between completions of consecutive decode steps; a single step: its own time)"),
-    Finding("latency.tpot_p90_ms", "ms", "p90 TPOT"),
-    Finding("latency.tpot_p99_ms", "ms", "p99 TPOT"),
-    Finding("latency.tpot_mean_ms", "ms", "mean TPOT"),
-    Finding("latency.tpot_samples", "count", "TPOT samples"),
-    Finding("latency.tpot_p99_over_p50", "ratio", "p99 TPOT / p50 TPOT"),
-    Finding("latency.itl_p50_ms", "ms", "p50 ITL (completions of decode steps and mixed steps with decode requests)"),
-    Finding("latency.itl_p90_ms", "ms", "p90 ITL"),
-    Finding("latency.itl_p99_ms", "ms", "p99 ITL"),
-    Finding("latency.itl_samples", "count", "ITL samples"),
-    Finding("latency.prefill_step_p50_ms", "ms", "p50 prefill step own time"),
-    Finding("latency.prefill_step_p90_ms", "ms", "p90 prefill step own time"),
-    Finding("latency.prefill_step_p99_ms", "ms", "p99 prefill step own time"),
-    Finding("latency.decode_step_p50_ms", "ms", "p50 decode step own time"),
-    Finding("latency.decode_step_p90_ms", "ms", "p90 decode step own time"),
-    Finding("latency.decode_step_p99_ms", "ms", "p99 decode step own time"),
-    Finding("latency.decode_throughput_tok_s", "tokens/s", "median decode batch / p50 TPOT"),
-    Finding("steps.count", "count", "engine steps (all phases)"),
-    Finding("steps.prefill_count", "count", "prefill steps"),
-    Finding("steps.decode_count", "count", "decode steps"),
-    Finding("steps.mixed_count", "count", "mixed (chunked-prefill) steps"),
-    Finding("steps.prefill_max_ms", "ms", "longest prefill step own time"),
-    Finding("steps.prefill_p50_ms", "ms", "median prefill step own time"),
-    Finding("steps.decode_p50_ms", "ms", "median decode step own time"),
-    Finding("steps.decode_p99_ms", "ms", "p99 decode step own time"),
-    Finding("steps.decode_max_ms", "ms", "longest decode step own time"),
-    Finding("steps.prefill_interleaved_count", "count", "prefill or mixed steps with a decode step before and after them"),
-    Finding("steps.prefill_interleaved_max_ms", "ms", "longest such step's own time (0 when none; None with fewer than 2 decode steps)"),
-    Finding("steps.mixed_max_ms", "ms", "longest mixed step's own time: its decode requests wait that long for their next token"),
-    Finding("steps.mixed_max_decode_requests", "requests", "decode requests in the longest mixed step (from vLLM's markers)"),
-    Finding("steps.mixed_max_tokens", "tokens", "tokens of the longest mixed step"),
-    Finding("steps.decode_p50_batch", "sequences", "median batch of decode steps (from step markers)"),
-    Finding("steps.decode_max_batch", "sequences", "largest decode batch"),
-    Finding("steps.decode_p50_context", "tokens", "median context length of decode steps (from step markers)"),
-    Finding("steps.decode_max_context", "tokens", "largest decode context"),
-    Finding("steps.prefill_max_tokens", "tokens", "largest prefill step token count (all sequences)"),
-    Finding("steps.prefill_max_prompt_tokens", "tokens", "largest prompt length: prefill tokens / batch (tokens when batch unknown)"),
-    Finding("steps.prefill_p50_prompt_tokens", "tokens", "median prompt length of prefill steps"),
-    Finding("steps.with_gpu_count", "count", "steps that launched GPU work"),
-    Finding("steps.user_timed_count", "count", "user-timed steps (--phase-regex markers) that launched GPU work"),
-    Finding("steps.cpu_shorter_than_gpu_count", "count", "user-timed steps whose CPU range ends before their GPU work and is shorter than its GPU span"),
-    Finding("steps.cpu_shorter_than_gpu_share", "fraction", "cpu_shorter_than_gpu_count / user_timed_count"),
-    Finding("steps.max_gpu_over_cpu", "ratio", "largest GPU span / CPU duration of a user-timed step"),
-)
+FINDINGS = declared("latency")
 
 
 def run(ctx: Context) -> None:

@@ -14,19 +14,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagnose.analyzers.base import Context, Finding, quality_counts
+from diagnose.analyzers.base import Context, declared, quality_counts
 from diagnose.numeric import num
 from diagnose.trace.model import NO_TIME, Trace, per_unique
 
-FINDINGS = (
-    Finding("trace.graph_launches", "count", "graph launch calls on the host (report launches.graph_launches)"),
-    Finding("trace.graph_coverage", "fraction", "share of graph launches with GPU activity in the trace (report launches.graph_coverage; low = replayed kernels missing)"),
-    Finding("trace.host_launch_calls", "count", "host launch calls (report launches.host_launch_calls)"),
-    Finding("trace.inductor_kernel_share", "fraction", "GPU activities from torch.compile/Inductor kernels (triton_poi_/red_/per_/tem_ names) / GPU activities on all devices"),
-    Finding("trace.graph_kernel_count", "count", "GPU activities replayed from CUDA/HIP graph launches (all devices)"),
-    Finding("trace.graph_kernel_share", "fraction", "graph_kernel_count / GPU activities on all devices"),
-    Finding("trace.unlinked_count", "count", "GPU activities with no host launch call"),
-)
+FINDINGS = declared("launches")
 
 
 def link_launches(trace: Trace) -> pd.DataFrame:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analyzers.attainment import NO_ATTAINMENT, phase_attainment
-from diagnose.analyzers.base import Context, Finding
+from diagnose.analyzers.base import Context, declared
 from diagnose.analyzers.latency import latency_findings, union_ns
 from diagnose.analyzers.result import PhaseResult
 from diagnose.analyzers.timeline import analyze_gaps, gap_distribution, union_busy_ns
@@ -37,16 +37,7 @@ from diagnose.vocab import CATEGORIES, STEP_PHASES
 #: (a launch is ~5-10 µs of host time; project default, rationale in rules/small-kernel-tax.yaml).
 SMALL_KERNEL_NS = 15_000
 
-FINDINGS = (
-    Finding("<phase>.small_kernel_ms", "ms", "summed duration of kernels shorter than 15 µs"),
-    Finding("<phase>.small_kernel_count", "count", "kernels shorter than 15 µs"),
-    Finding("<phase>.small_kernel_share", "fraction", "small-kernel time / GPU window"),
-    Finding("<phase>.h2d_ms", "ms", "host-to-device copy time (memcpy HtoD)"),
-    Finding("<phase>.h2d_share", "fraction", "host-to-device copy time / GPU window"),
-    Finding("<phase>.comm_exposed_ms", "ms", "time only communication kernels ran (not hidden behind compute)"),
-    Finding("<phase>.comm_exposed_share", "fraction", "exposed communication / GPU window"),
-    Finding("<phase>.top_kernel_share", "fraction", "the costliest kernel's share of the phase's kernel time"),
-)
+FINDINGS = declared("phasestats")
 
 
 def findings_of_phase(p: dict, out: dict) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from diagnose.analyzers.base import Finding
+from diagnose.analyzers.base import declared
 from diagnose.numeric import div, num
 from diagnose.trace.model import NO_TIME
 from diagnose.vocab import GAP_KINDS
@@ -187,21 +187,7 @@ def gap_distribution(gaps_ns: np.ndarray) -> dict:
     }
 
 
-FINDINGS = (
-    Finding("<phase>.window_ms", "ms", "first GPU activity start to last GPU activity end of the phase"),
-    Finding("<phase>.gpu_busy_ms", "ms", "union of the phase's GPU activity intervals (all streams merged)"),
-    Finding("<phase>.gpu_idle_share", "fraction", "1 - busy / window"),
-    Finding("<phase>.launch_gap_share", "fraction", "idle gaps whose next activity's launch call ended after the GPU went idle, / window"),
-    Finding("<phase>.launch_gap_ms", "ms", "total launch gaps"),
-    Finding("<phase>.graph_gap_ms", "ms", "total gaps inside one CUDA/HIP graph replay"),
-    Finding("<phase>.other_gap_ms", "ms", "total gaps whose next activity was launched in time (dependency, sync, queueing)"),
-    Finding("<phase>.unattributed_gap_ms", "ms", "total gaps before activities with no linked launch call"),
-    Finding("<phase>.other_gap_share", "fraction", "other gaps / window"),
-    Finding("<phase>.launch_gap_count", "count", "number of launch gaps"),
-    Finding("<phase>.launch_gap_p50_us", "µs", "median launch gap"),
-    Finding("<phase>.launch_gap_p99_us", "µs", "p99 launch gap"),
-    Finding("<phase>.gap_max_us", "µs", "longest idle gap of any kind"),
-)
+FINDINGS = declared("timeline")
 
 
 def findings_of_phase(p: dict, out: dict) -> None:

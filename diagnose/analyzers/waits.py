@@ -50,17 +50,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagnose.analyzers.base import Context, Finding
+from diagnose.analyzers.base import Context, declared
 from diagnose.analyzers.timeline import LAUNCH_LATENCY_NS, MIN_GAP_NS, classify_gaps, union_busy_ns
 from diagnose.trace.model import NO_TIME, Trace, per_unique
 from diagnose.vocab import EXTERNAL_CAUSES, GAP_CAUSES, GAP_KINDS
 
-FINDINGS = (
-    Finding("<phase>.idle_<cause>_ms", "ms", "idle time of the phase by cause (launch, graph, host_blocked, dependency, switch, cold_start, profiler_overhead, not_in_trace, outside_trace)"),
-    Finding("<phase>.gpu_idle_own_share", "fraction", "idle share of the window once idle time with an external cause (cold start, profiler overhead, work not in the trace) is taken out of both idle and window"),
-    Finding("<phase>.longest_gap_ms", "ms", "the phase's longest idle gap"),
-    Finding("<phase>.longest_host_blocked_ms", "ms", "the phase's longest idle gap while the host was blocked in a call"),
-)
+FINDINGS = declared("waits")
 
 
 def findings_of_phase(p: dict, out: dict) -> None:

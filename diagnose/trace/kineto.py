@@ -68,7 +68,15 @@ from diagnose.trace.model import (
 )
 
 
-class _Args(msgspec.Struct, gc=False):
+class _OpArgs(msgspec.Struct, gc=False):
+    """Operator arguments, kept as raw JSON and decoded on demand (both schemas below)."""
+
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
+
+
+class _Args(_OpArgs, gc=False):
     """The ``args`` fields the analysis uses, decoded inline (unknown keys are skipped in C)."""
 
     # Any: exporters sometimes write these as strings (e.g. memory events' "bytes"); one odd
@@ -79,9 +87,6 @@ class _Args(msgspec.Struct, gc=False):
     external_id: Any = msgspec.field(default=None, name="External id")
     external_id_legacy: Any = msgspec.field(default=None, name="external id")
     bytes: Any = None
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
-    input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
-    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
 
 
 _I64 = 2**63
@@ -453,16 +458,13 @@ _MISSING = -(2**63)  # "absent or unusable" in the raw int64 columns below
 _PHASES = ("B", "E", "X", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "M", "V", "v", "R", "c", "(", ")")
 
 
-class _StrictArgs(msgspec.Struct, gc=False):
+class _StrictArgs(_OpArgs, gc=False):
     device: int = _MISSING
     stream: int = _MISSING
     correlation: int = _MISSING
     external_id: int = msgspec.field(default=_MISSING, name="External id")
     external_id_legacy: int = msgspec.field(default=_MISSING, name="external id")
     bytes: int = _MISSING
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
-    input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
-    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
 
 
 class _StrictX(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
@@ -581,8 +583,9 @@ def _loose_args(a: Any) -> _Args | None:
     """A strict event's args as :class:`_Args` (begin/end events travel between processes)."""
     if a is None or type(a) is _Args:
         return a
-    ids = [None if x == _MISSING else x for x in (a.device, a.stream, a.correlation, a.external_id, a.external_id_legacy, a.bytes)]
-    return _Args(*ids, input_dims=a.input_dims, input_types=a.input_types, concrete_inputs=a.concrete_inputs)
+    ids = {k: (None if getattr(a, k) == _MISSING else getattr(a, k))
+           for k in ("device", "stream", "correlation", "external_id", "external_id_legacy", "bytes")}
+    return _Args(**ids, input_dims=a.input_dims, input_types=a.input_types, concrete_inputs=a.concrete_inputs)
 
 
 def _be_records(be: list, strict: bool) -> list[tuple]:
