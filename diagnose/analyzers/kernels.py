@@ -630,7 +630,8 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
                  capture: CaptureMapping | Sequence[CaptureMapping] | None = None,
                  steps: pd.DataFrame | None = None, moe: MoeLayerBytes | None = None) -> pd.DataFrame:
     """The per-kernel efficiency table of ``activities`` (kernels only; memcpy/memset are not
-    kernels), sorted by ``total_ms`` descending.
+    kernels): the steps' rows first, then phase ``unknown`` (work no step claims), each sorted
+    by ``total_ms`` descending.
 
     Args:
         trace: the loaded trace (its ``cpu_ops`` give operators and shapes).
@@ -937,7 +938,11 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
     for c in _TEXT_COLUMNS:  # None stays None (pandas >= 3 would infer a str dtype with NaN)
         data[c] = pd.Series(np.asarray(data[c], dtype=object), dtype=object)
     out = pd.DataFrame(data)
-    out = out.sort_values("total_ms", ascending=False, kind="stable").reset_index(drop=True)
+    # the steps' rows first (the work the report is about), then work no step claims (the
+    # previous step's tail, warm-up); each by time
+    out = (out.assign(_outside=(out["phase"] == "unknown").to_numpy())
+           .sort_values(["_outside", "total_ms"], ascending=[True, False], kind="stable")
+           .drop(columns="_outside").reset_index(drop=True))
     if cap_stats is not None:
         cap_stats["kernels_mapped"] = int(np.isin(korigin, (_CAPTURE, _CAPTURE_NODIMS)).sum())
     out.attrs = {"capture": cap_stats, "source_format": trace.source_format}
