@@ -111,6 +111,13 @@ def render_report(d: dict[str, Any], console: Console | None = None, metadata: d
             "wall = marker start to GPU end" + ("; n/a = cannot be read from this trace (see Data quality)" if any(p.get("unreliable") for p in d["phases"]) else "")
             + "[/dim]")
 
+    sources = sorted({(p.get("flops_source"), p.get("bytes_source")) for p in d["phases"] if p.get("bytes_source") or p.get("flops_source")},
+                     key=str)
+    for fs, bs in sources:
+        c.print(Text(safe(f"MFU FLOPs from {fs or 'nothing'}; MBU bytes from {bs or 'nothing'}"
+                          + (" (every operator's inputs and outputs: not comparable with an MBU over weights + KV cache)"
+                             if bs and "operand" in bs else "")), style="dim"))
+
     lat = d["latency"]
     lt = Table(title="Latency (definitions: README §Definitions)", header_style="bold")
     for col in ("metric", "samples", "p50 ms", "p90 ms", "p99 ms"):
