@@ -492,3 +492,27 @@ def test_compare_cli_and_web_agree(baseline, candidate, thresholds, verdict):
     assert compare_result(state, "0", "1").verdict == verdict
     banner = _by_id(render_page(state, "/compare", "0"), "compare-verdict")
     assert getattr(banner, "data-verdict") == verdict
+
+
+def test_levers_already_in_place_are_not_recommended_in_any_view(tmp_path):
+    """vLLM full-graph decode of gpt-oss-20b: one graph replay (421 kernels of one hipGraphLaunch)
+    with MXFP4 experts (13,747,322,880 weight bytes for 20,907,786,240 parameters = 5.26 bits per
+    weight): no view may advise CUDA graphs or weight quantization; the GPU is 99.8 % busy, so
+    the step is not 'not fed'."""
+    r = report(DECODE_FULL, **GPT_OSS_OPTS)
+    assert r["model"]["weight_bytes"] * 8 / r["model"]["params_total"] == pytest.approx(5.26, abs=0.005)
+    fired = {s["id"]: s for s in r["symptoms"]}
+    assert "decode-not-fed" not in fired
+    s2 = fired["S2-decode-far-from-bound"]
+    assert s2["recommends"] == ["bigger_batch"]
+    assert s2["already_in_place"] == [
+        "not recommending weight quantization: the weights are already quantized (8 bits or fewer per weight on average)",
+        "not recommending cuda graphs: the steps already replay CUDA/HIP graphs"]
+    assert not any(set(s["recommends"]) & {"cuda_graphs", "weight_quantization"} for s in r["symptoms"])
+    html_file = tmp_path / "r.html"
+    code, _ = _cli("run", "--trace", shared_trace(DECODE_FULL), "--html", html_file, *_cli_opts(GPT_OSS_OPTS))
+    assert code == 0
+    page = html_lib.unescape(html_file.read_text(encoding="utf-8"))
+    levers = re.findall(r'<ul class="levers">(.*?)</ul>', page, re.DOTALL)
+    assert levers and not any("CUDA/HIP graph" in x or "quantize the weights" in x for x in levers)
+    assert "Already in place" in page and "the steps already replay CUDA/HIP graphs" in page
