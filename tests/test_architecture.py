@@ -138,3 +138,23 @@ def test_readme_quality_table_is_generated():
     m = re.search(r"<!-- quality-codes:begin[^>]*-->\n(.*?)\n<!-- quality-codes:end -->", readme, re.S)
     assert m, "README lacks the generated quality-code table markers"
     assert m.group(1) == vocab.quality_table_markdown(), "regenerate: python -m diagnose.vocab"
+
+
+def test_every_package_is_installed_by_a_plain_install():
+    """`pip install .` (the README's set-up command) installs the packages pyproject lists, not
+    what an editable install finds: every directory of the tree with an __init__.py must be
+    listed (mapped directories through [tool.setuptools.package-dir])."""
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    listed = set(cfg["packages"])
+    mapped = {v: k for k, v in cfg.get("package-dir", {}).items()}
+    found = set()
+    for init in ROOT.glob("**/__init__.py"):
+        rel = init.parent.relative_to(ROOT)
+        if rel.parts[0] in (".venv", "tests", "build", "benchmarks") or rel.parts[0].startswith("."):
+            continue
+        top = mapped.get(rel.parts[0])
+        name = ".".join(([top] + list(rel.parts[1:])) if top else rel.parts)
+        found.add(name)
+    assert found - listed == set(), "packages missing from pyproject [tool.setuptools] packages"
