@@ -42,7 +42,7 @@ def guarded(fn):
                 extra = _EXTRAS[top]
                 click.echo(f"error: this needs the optional '{top}' package: {install_hint(extra)}", err=True)
                 sys.exit(2)
-            raise
+            _internal(e)  # a module of diagnose itself, or a required dependency: a broken install
         except OSError as e:
             where = f"{e.filename}: " if getattr(e, "filename", None) else ""
             click.echo(safe(f"error: {where}{e.strerror or e}"), err=True)
@@ -51,14 +51,19 @@ def guarded(fn):
             click.echo("error: out of memory while analysing the trace (try --window or --device)", err=True)
             sys.exit(2)
         except Exception as e:  # noqa: BLE001 — the promise is: never a traceback
-            if os.environ.get("DIAGNOSE_DEBUG"):
-                raise
-            msg = str(e).splitlines()[0][:300] if str(e) else ""
-            click.echo(safe(f"internal error: {type(e).__name__}: {msg} (set DIAGNOSE_DEBUG=1 for a traceback)"), err=True)
-            sys.exit(3)
+            _internal(e)
 
     wrapper._diagnose_guarded = True  # type: ignore[attr-defined]
     return wrapper
+
+
+def _internal(e: BaseException) -> None:
+    """One ``internal error`` line and exit 3 (the traceback with DIAGNOSE_DEBUG=1)."""
+    if os.environ.get("DIAGNOSE_DEBUG"):
+        raise e
+    msg = str(e).splitlines()[0][:300] if str(e) else ""
+    click.echo(safe(f"internal error: {type(e).__name__}: {msg} (set DIAGNOSE_DEBUG=1 for a traceback)"), err=True)
+    sys.exit(3)
 
 
 class OneLineGroup(click.Group):

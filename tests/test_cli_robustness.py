@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from conftest import PRINT_PEAK_RSS_BYTES
@@ -123,3 +124,26 @@ def test_compare_warns_when_traces_differ_in_device(kineto, tmp_path):
                  "the comparison may not be like for like"]
     same = run("compare", "--baseline", str(a), "--candidate", str(a), "--format", "json")
     assert json.loads(same.output)["warnings"] == []
+
+
+def test_missing_module_of_a_broken_install_is_one_line_exit_3(capsys, monkeypatch):
+    """A module of diagnose itself missing (a broken install) is an internal error: one line,
+    exit 3, no traceback; an optional extra stays the exit-2 install hint."""
+    from diagnose.cliutil import guarded
+
+    def broken():
+        raise ModuleNotFoundError("No module named 'diagnose.engine'", name="diagnose.engine")
+
+    def no_dash():
+        raise ModuleNotFoundError("No module named 'dash'", name="dash")
+
+    monkeypatch.delenv("DIAGNOSE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as ei:
+        guarded(broken)()
+    assert ei.value.code == 3
+    assert capsys.readouterr().err == ("internal error: ModuleNotFoundError: No module named 'diagnose.engine' "
+                                       "(set DIAGNOSE_DEBUG=1 for a traceback)\n")
+    with pytest.raises(SystemExit) as ei:
+        guarded(no_dash)()
+    assert ei.value.code == 2
+    assert capsys.readouterr().err.startswith("error: this needs the optional 'dash' package: ")
