@@ -91,7 +91,6 @@ class Report:
         from diagnose.analyzers.waits import (
             Gaps,
             HostIndex,
-            _launch_names,
             attribute,
             host_call,
             launch_end_for_gaps,
@@ -109,7 +108,6 @@ class Report:
             return pd.DataFrame(columns=cols)
         host = self.analysis.host_index or HostIndex.build(self.analysis.trace)
         t0 = int(self.analysis.internal.get("t0", 0) or 0)
-        lnames = _launch_names(self.analysis.trace, g)
         outside = outside_waits_ns(self.analysis.steps, t0)
         parts = []
         for dev in sorted(g["device"].unique()):
@@ -121,7 +119,6 @@ class Report:
                 continue
             tids = sub["launch_tid"].to_numpy()[st.order]
             names = sub["name"].to_numpy(dtype=object)[st.order]
-            ln = lnames[m][st.order]
             gap_le = le[st.order][st.gap_next]
             cause, cover = attribute(st.gap_start, st.gap_end, st.gap_kind, tids[st.gap_next], host, gap_le)
             relabel_outside(st.gap_start, st.gap_end, cause, *outside)
@@ -130,7 +127,7 @@ class Report:
             dur = st.gap_end - st.gap_start
             named = np.zeros(len(dur), dtype=bool)
             named[np.argsort(-dur, kind="stable")[:MAX_NAMED_GAPS]] = True
-            calls = [host_call(cg, j, host, tids[st.gap_next], ln[st.gap_next]) if named[j] else None for j in range(len(dur))]
+            calls = [host_call(cg, j, host, tids[st.gap_next]) if named[j] else None for j in range(len(dur))]
             waited = [waited_on(cg, j, host, tids[st.gap_next]) if named[j] else None for j in range(len(dur))]
             parts.append(pd.DataFrame({
                 "device": int(dev), "start_ms": (st.gap_start - t0) / 1e6, "ms": dur / 1e6,

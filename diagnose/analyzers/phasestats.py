@@ -20,7 +20,6 @@ from diagnose.analyzers.timeline import analyze_gaps, gap_distribution, union_bu
 from diagnose.analyzers.waits import (
     Gaps,
     HostIndex,
-    _launch_names,
     attribute,
     idle_by_cause_ms,
     launch_end_for_gaps,
@@ -58,7 +57,7 @@ def _r(x: float | None, nd: int = 6) -> float | None:
 
 def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, wall_ns: int, unreliable: tuple[str, ...] = (),
                 attainment: dict[str, Any] | None = None, own_ns: int | None = None, host: HostIndex | None = None,
-                t0: int = 0, launch_names: np.ndarray | None = None,
+                t0: int = 0,
                 outside: tuple[np.ndarray, np.ndarray] | None = None) -> PhaseResult:
     """Timeline, category, gap-cause and top-kernel numbers of one phase on one device
     (``sub``: its activities; ``host``: what the host did, for the gap causes; ``outside``:
@@ -73,7 +72,6 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
     )
     tids = sub["launch_tid"].to_numpy()[gaps.order] if len(sub) else np.zeros(0, dtype=np.int64)
     names = sub["name"].to_numpy(dtype=object)[gaps.order] if len(sub) else np.zeros(0, dtype=object)
-    lnames = launch_names[gaps.order] if launch_names is not None and len(sub) else None
     host = host or HostIndex()
     gap_le = launch_end[gaps.order][gaps.gap_next] if len(gaps.gap_next) else launch_end[:0]
     cause, cover = attribute(gaps.gap_start, gaps.gap_end, gaps.gap_kind, tids[gaps.gap_next] if len(gaps.gap_next) else tids[:0], host,
@@ -121,8 +119,7 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
         "ms_by_kind": {k: round(v / 1e6, 6) for k, v in gaps.gap_ns_by_kind.items()},
         "count_by_kind": dict(gaps.gap_count_by_kind),
         "longest": longest(cg, host, tids[cg.next_idx] if len(cg.next_idx) else tids[:0],
-                           names[cg.next_idx] if len(cg.next_idx) else names[:0],
-                           lnames[cg.next_idx] if lnames is not None and len(cg.next_idx) else None, t0),
+                           names[cg.next_idx] if len(cg.next_idx) else names[:0], t0),
     }
     return PhaseResult(
         name=name,
@@ -162,7 +159,6 @@ TPOT_FRAGMENTS = ("steps whose window holds part of a forward (quality 'fragment
 def run(ctx: Context) -> None:
     trace, g, steps = ctx.trace, ctx.activities, ctx.steps
     host, t0 = ctx.extra.get("_host"), ctx.extra.get("_t0", 0)
-    lnames_all = _launch_names(trace, g)
     kw = {"host": host, "t0": t0}
     unreliable = tuple(ctx.extra.get("_unreliable", ()))
     graph_steps = ctx.extra.get("_graph_steps")
@@ -175,8 +171,7 @@ def run(ctx: Context) -> None:
         dev_steps = steps if dev is None else steps[steps["device_activity_count"].apply(lambda m: dev in m)]
         kw["outside"] = outside_waits_ns(dev_steps, t0)
         all_wall = _all_wall_ns(sub_all, dev_steps) if (len(sub_all) or len(dev_steps)) else _cpu_span_ns(trace)
-        ln_all = lnames_all[(g["device"] == dev).to_numpy()] if dev is not None else lnames_all[:0]
-        phases.append(phase_stats("all", dev, sub_all, len(steps), all_wall, unreliable, launch_names=ln_all, **kw))
+        phases.append(phase_stats("all", dev, sub_all, len(steps), all_wall, unreliable, **kw))
         for p in phase_names:
             ps = steps[steps["phase"] == p] if dev is None else dev_steps[dev_steps["phase"] == p]
             pm = (sub_all["phase"] == p).to_numpy()
@@ -198,13 +193,12 @@ def run(ctx: Context) -> None:
             if att.get("achieved_tbps") and att.get("peak_tbps") and att["achieved_tbps"] > att["peak_tbps"]:
                 ctx.note("bandwidth_above_peak", f"{p}: achieved {att['achieved_tbps']:.2f} TB/s exceeds the device peak {att['peak_tbps']:.2f} TB/s: wrong peak, wrong model config, or a timing without synchronisation (S7)")
             wall = union_ns(ps["start_ns"].to_numpy(), ps["start_ns"].to_numpy() + ps["wall_ns"].to_numpy())
-            phases.append(phase_stats(p, dev, sub, len(ps), wall, tuple(unrel), att, own_ns=int(ps["own_ns"].sum()),
-                                      launch_names=ln_all[pm], **kw))
+            phases.append(phase_stats(p, dev, sub, len(ps), wall, tuple(unrel), att, own_ns=int(ps["own_ns"].sum()), **kw))
         um = (sub_all["phase"] == "unknown").to_numpy()
         unk = sub_all[um]
         if len(unk):
             wall = int(unk["end_ns"].max() - unk["start_ns"].min())
-            phases.append(phase_stats("unknown", dev, unk, 0, wall, launch_names=ln_all[um], **kw))
+            phases.append(phase_stats("unknown", dev, unk, 0, wall, **kw))
     ctx.phases = phases
     if frag_steps and ctx.latency is not None:
         # a fragment's time is not a step's: TTFT/TPOT/ITL come from the whole steps only

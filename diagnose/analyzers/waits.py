@@ -314,7 +314,7 @@ def attribute(gs: np.ndarray, ge: np.ndarray, kind: np.ndarray, tids: np.ndarray
     return cause, cover
 
 
-def host_call(g: Gaps, j: int, host: HostIndex, tids: np.ndarray, launch_names: np.ndarray | None) -> str | None:
+def host_call(g: Gaps, j: int, host: HostIndex, tids: np.ndarray) -> str | None:
     """What the host was doing during gap ``j`` (see the module docstring), or None: the
     interval that explains it; else, for a launch gap, the innermost CPU op or range the
     launching thread was in; for other gaps, a runtime call of the launching thread spanning
@@ -330,12 +330,9 @@ def host_call(g: Gaps, j: int, host: HostIndex, tids: np.ndarray, launch_names: 
     cause = GAP_CAUSES[int(g.cause[j])]
     tid = int(tids[j]) if len(tids) else -1
     if cause == "launch":
-        inner = host.innermost_range(tid, int((g.start[j] + g.end[j]) // 2))
-        if inner is not None:
-            return inner
-        if launch_names is not None:
-            return str(launch_names[j]) or None
-        return None
+        # the innermost range the launching thread was in; None when the trace shows nothing
+        # there (not the next work's own launch call: the host was not in it during the gap)
+        return host.innermost_range(tid, int((g.start[j] + g.end[j]) // 2))
     iv = host.runtime.get(tid)
     if iv is not None:
         best, cov = iv.best_cover(g.start[j:j + 1], g.end[j:j + 1])
@@ -431,7 +428,7 @@ def idle_by_cause_ms(g: Gaps) -> dict[str, float]:
     return {c: round(float(tot[i]) / 1e6, 6) for i, c in enumerate(GAP_CAUSES) if tot[i] > 0}
 
 
-def longest(g: Gaps, host: HostIndex, tids_next: np.ndarray, names_next: np.ndarray, launch_names_next: np.ndarray | None,
+def longest(g: Gaps, host: HostIndex, tids_next: np.ndarray, names_next: np.ndarray,
             t0_ns: int, n: int = LONGEST_GAPS) -> list[dict[str, Any]]:
     """The ``n`` longest gaps: start_ms (from the trace start), ms, kind, cause, host_call,
     waited_on, next."""
@@ -445,7 +442,7 @@ def longest(g: Gaps, host: HostIndex, tids_next: np.ndarray, names_next: np.ndar
             "ms": round(float(dur[j]) / 1e6, 6),
             "kind": GAP_KINDS[int(g.kind[j])],
             "cause": GAP_CAUSES[int(g.cause[j])],
-            "host_call": host_call(g, int(j), host, tids_next, launch_names_next),
+            "host_call": host_call(g, int(j), host, tids_next),
             "waited_on": waited_on(g, int(j), host, tids_next),
             "next": str(names_next[j])[:120],
         })
@@ -458,20 +455,6 @@ def trace_t0(trace: Trace) -> int:
 
     t0 = trace_start_ns(trace)
     return 0 if t0 is None else int(t0)
-
-
-def _launch_names(trace: Trace, g: pd.DataFrame) -> np.ndarray:
-    """Name of each activity's launch call ("" when none), from the correlation link."""
-    rt = trace.runtime
-    out = np.full(len(g), "", dtype=object)
-    if len(rt) == 0 or len(g) == 0:
-        return out
-    first = rt.drop_duplicates("correlation")
-    m = pd.Series(first["name"].to_numpy(dtype=object), index=first["correlation"].to_numpy())
-    got = m.reindex(g["correlation"].to_numpy()).to_numpy(dtype=object)
-    ok = pd.notna(got)
-    out[ok] = got[ok]
-    return out
 
 
 def run(ctx: Context) -> None:
@@ -500,14 +483,12 @@ def run(ctx: Context) -> None:
         le_all, gf_all = launch_end_for_gaps(gg), gg["graph_followup"].to_numpy()
         tid_all = gg["launch_tid"].to_numpy() if "launch_tid" in gg else np.full(len(gg), -1)
         step_all = gg["step"].to_numpy()
-        names_all = gg["name"].to_numpy(dtype=object)
-        lnames_all = _launch_names(trace, gg)
         anchors = steps["anchor_ns"].to_numpy(dtype=np.int64) if "anchor_ns" in steps else steps["start_ns"].to_numpy(dtype=np.int64)
         for dev in np.unique(dev_arr):
             lo, hi = np.searchsorted(dev_arr, [dev, dev + 1])
             sel = slice(int(lo), int(hi))
             s, e, le, gf = s_all[sel], e_all[sel], le_all[sel], gf_all[sel]
-            tids, stp, names, lnames = tid_all[sel], step_all[sel], names_all[sel], lnames_all[sel]
+            tids, stp = tid_all[sel], step_all[sel]
             cm = np.maximum.accumulate(e)
             by_step = np.argsort(stp, kind="stable")  # positions grouped by step, in time order
             sorted_steps = stp[by_step]
@@ -525,7 +506,7 @@ def run(ctx: Context) -> None:
                 ext = np.isin(gap.cause, [_CAUSE_ID[c] for c in EXTERNAL_CAUSES])
                 own_ns[i] = (ge0 - gs0) - int((gap.end[ext] - gap.start[ext]).sum())
                 cause_ms = idle_by_cause_ms(gap)
-                w = _before_span(int(anchors[i]), gs0, s, e, cm, le, tids, names, lnames, stp, i, a, host, t0)
+                w = _before_span(int(anchors[i]), gs0, s, e, cm, le, tids, stp, i, a, host, t0)
                 for x in w:
                     cause_ms[x["cause"]] = round(cause_ms.get(x["cause"], 0.0) + x["ms"], 6)
                 dur = gap.end - gap.start
@@ -534,7 +515,7 @@ def run(ctx: Context) -> None:
                     nx = int(gap.next_idx[j]) + lo_i
                     w.append({"where": "inside", "start_ms": round((int(gap.start[j]) - t0) / 1e6, 6),
                               "ms": round(float(dur[j]) / 1e6, 6), "cause": GAP_CAUSES[int(gap.cause[j])],
-                              "host_call": host_call(gap, int(j), host, tids[lo_i:hi_i][gap.next_idx], lnames[lo_i:hi_i][gap.next_idx])
+                              "host_call": host_call(gap, int(j), host, tids[lo_i:hi_i][gap.next_idx])
                               if nx >= 0 else None,
                               "waited_on": waited_on(gap, int(j), host, tids[lo_i:hi_i][gap.next_idx]) if nx >= 0 else None})
                 waits[i] = w
@@ -546,7 +527,7 @@ def run(ctx: Context) -> None:
     steps["idle_by_cause_ms"] = pd.Series(by_cause, index=steps.index, dtype=object) if n else pd.Series([], dtype=object)
 
 
-def _before_span(anchor: int, gs0: int, s, e, cm, le, tids, names, lnames, stp, i: int, first: int, host: HostIndex,
+def _before_span(anchor: int, gs0: int, s, e, cm, le, tids, stp, i: int, first: int, host: HostIndex,
                  t0: int) -> list[dict[str, Any]]:
     """Waits between the step's anchor and its first GPU activity (index ``first`` into the
     device's sorted arrays): GPU time on earlier steps' work (``pipelined``) and idle
@@ -608,7 +589,7 @@ def _before_span(anchor: int, gs0: int, s, e, cm, le, tids, names, lnames, stp, 
                     cname = "outside_trace"
                 gg = Gaps(np.array([p0]), np.array([p1]), kind, cause, np.array([0]), cover, lk)
                 out.append({"where": "before", "start_ms": round((p0 - t0) / 1e6, 6), "ms": round((p1 - p0) / 1e6, 6),
-                            "cause": cname, "host_call": host_call(gg, 0, host, np.array([tids[k]]), np.array([lnames[k]])),
+                            "cause": cname, "host_call": host_call(gg, 0, host, np.array([tids[k]])),
                             "waited_on": waited_on(gg, 0, host, np.array([tids[k]]))})
         cur = max(cur, b)
     return out
