@@ -516,3 +516,7 @@ def test_levers_already_in_place_are_not_recommended_in_any_view(tmp_path):
     levers = re.findall(r'<ul class="levers">(.*?)</ul>', page, re.DOTALL)
     assert levers and not any("CUDA/HIP graph" in x or "quantize the weights" in x for x in levers)
     assert "Already in place" in page and "the steps already replay CUDA/HIP graphs" in page
+    # the rule's own prose ("replay the step as a CUDA graph") is not shown once a lever is dropped
+    assert "replay the step as a CUDA graph" not in page
+    code, out = _cli("gate", "--trace", shared_trace(DECODE_FULL), *_cli_opts(GPT_OSS_OPTS))
+    assert "replay the step as a CUDA graph" not in out and "FP8 experts" not in out

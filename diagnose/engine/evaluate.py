@@ -235,6 +235,11 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
             entry["recommends"] = keep
             if notes:
                 entry["already_in_place"] = notes
+                # the rule's prose may name the dropped levers: every view shows this instead
+                from diagnose.vocab import LEVERS
+
+                entry["fix"] = ("; ".join(LEVERS[k].text for k in keep) + ". " if keep else "") + " ".join(
+                    n[0].upper() + n[1:] + "." for n in notes)
             v.symptoms.append(entry)
         else:
             v.passed.append(entry)
