@@ -337,8 +337,6 @@ def rules_test(rules_dir, verbose):
     """Validate every rule file against its schema, run its positive and negative fixtures;
     exit 1 if any fails."""
     rules = load_rules(rules_dir, validate=True)
-    if not rules:
-        raise DiagnoseError(f"no rule files found in {rules_dir or 'the packaged rules'}")
     results = run_fixtures(rules, rules_dir)
     bad = [r for r in results if not r.ok]
     for r in results:

@@ -147,3 +147,15 @@ def test_missing_module_of_a_broken_install_is_one_line_exit_3(capsys, monkeypat
         guarded(no_dash)()
     assert ei.value.code == 2
     assert capsys.readouterr().err.startswith("error: this needs the optional 'dash' package: ")
+
+
+@pytest.mark.parametrize("cmd", [["run", "--trace", "{t}"], ["gate", "--trace", "{t}", "--fail-on", "high"], ["rules", "list"],
+                                 ["rules", "test"]])
+def test_empty_rules_folder_is_an_error_not_an_all_clear(cmd, tmp_path, kineto):
+    """A --rules folder without rule files would fire nothing and pass every gate."""
+    trace = kineto().launch("k", 10, 5, launch_ts=0).write(tmp_path / "t.json")
+    empty = tmp_path / "rules"
+    empty.mkdir()
+    r = run(*[c.format(t=trace) for c in cmd], "--rules", str(empty))
+    assert r.exit_code == 2
+    assert r.output.strip() == f"error: no rule files (*.yaml) found in {empty}"

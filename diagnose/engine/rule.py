@@ -280,7 +280,8 @@ def load_rules(path: str | Path | None = None, validate: bool | None = None) -> 
             files, no for the packaged ones (validated by the test suite and ``rules test``).
 
     Raises:
-        RuleError: any invalid file (the message names it and what is wrong); duplicate ids.
+        RuleError: any invalid file (the message names it and what is wrong); duplicate ids;
+            no rule file at all.
     """
     if path is None:
         return list(_packaged_rules(bool(validate)))
@@ -302,6 +303,9 @@ def _load(path, validate: bool = True) -> list[Rule]:
             raise RuleError(f"{where}: duplicate rule id {r.id!r} (also in {seen[r.id]})")
         seen[r.id] = where
         rules.append(r)
+    if not rules:
+        # an empty folder would pass every gate and fire nothing: a silent all-clear
+        raise RuleError(f"no rule files (*.yaml) found in {path or 'the packaged rules'}")
     return sorted(rules, key=lambda r: r.id)
 
 
