@@ -766,14 +766,17 @@ def compare_view(cmp: Any) -> dict:
     per kernel-category delta.
 
     Returns:
-        {"verdict": "regression" | "fail" | "not comparable" | "no regression", "css": "regression" | "ok" |
+        {"verdict": "unreliable" | "regression" | "fail" | "not comparable" | "no regression", "css": "regression" | "ok" |
         "inconclusive", "explanation", "rows": [{metric, finding, a_text, b_text, change_text,
         worse}], "category_rows": [{phase, category, a_text, b_text, change_text}]}.
     """
     verdict = cmp.verdict
-    css = {"regression": "regression", "fail": "regression", "not comparable": "inconclusive"}.get(verdict, "ok")
+    css = {"regression": "regression", "fail": "regression", "not comparable": "inconclusive",
+           "unreliable": "inconclusive"}.get(verdict, "ok")
     fired = [s for s in cmp.verdicts.symptoms]
-    if fired:
+    if verdict == "unreliable":
+        expl = "Numbers unreliable: " + "; ".join(cmp.unreliable) + " (diagnose compare --allow-partial compares anyway)."
+    elif fired:
         expl = " ".join(s["summary"] for s in fired)
     elif not cmp.comparable:
         ne = next((n for n in cmp.verdicts.not_evaluated if n["id"] == "latency-regression"), {})

@@ -102,7 +102,11 @@ class Comparison:
         kernel_deltas: the kernels with the largest absolute time change (top kernels of
             each phase): name, category, phase, baseline_ms, candidate_ms, ratio.
         warnings: reasons the numbers may not compare like for like.
-        exit_code: 1 on a failing symptom, or when not comparable unless allowed; else 0.
+        exit_code: 1 on a failing symptom, when not comparable unless allowed, or when a report
+            is unreliable unless allowed; else 0.
+        unreliable: "baseline: ..." / "candidate: ..." for each report with unreliable or
+            unrepresentative numbers (partial file, truncated, capture pass, fragment...).
+        allow_partial: whether those were accepted (the verdict then ignores them).
     """
 
     findings: Findings
@@ -117,10 +121,14 @@ class Comparison:
     kernel_deltas: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
     exit_code: int = 0
+    unreliable: list[str] = field(default_factory=list)
+    allow_partial: bool = False
 
     @property
     def verdict(self) -> str:
-        """"regression" | "fail" | "not comparable" | "no regression"."""
+        """"unreliable" | "regression" | "fail" | "not comparable" | "no regression"."""
+        if self.unreliable and not self.allow_partial:
+            return "unreliable"
         if self.regression:
             return "regression"
         if self.failing:
@@ -142,6 +150,7 @@ class Comparison:
             "resolved_trace_symptoms": [s["id"] for s in self.resolved_symptoms],
             "regression": self.regression,
             "comparable": self.comparable,
+            "unreliable": self.unreliable,
             "warnings": self.warnings,
             "exit_code": self.exit_code,
         }
@@ -149,9 +158,11 @@ class Comparison:
 
 def compare_reports(baseline: Mapping[str, Any], candidate: Mapping[str, Any], ruleset: RuleSet,
                     metrics: Findings | None = None, device: int | None = None, fail_on: str = "high",
-                    allow_missing: bool = False) -> Comparison:
+                    allow_missing: bool = False, allow_partial: bool = False) -> Comparison:
     """Compare two JSON reports with the compare-scope rules (and metrics-scope ones when
-    ``metrics`` is given), honouring the rule set's thresholds and disabled rules.
+    ``metrics`` is given), honouring the rule set's thresholds and disabled rules. A report
+    with :func:`unreliable_reasons` makes the verdict "unreliable" (exit 1) unless
+    ``allow_partial``, as ``diagnose gate`` does.
 
     Raises:
         DiagnoseError: ``device`` is in neither report.
@@ -170,17 +181,17 @@ def compare_reports(baseline: Mapping[str, Any], candidate: Mapping[str, Any], r
     regression = any(s["id"] == REGRESSION_RULE for s in verdicts.symptoms)
     failing = verdicts.at_least(fail_on)
     comparable = not any(n["id"] == REGRESSION_RULE for n in verdicts.not_evaluated)
-    code = 1 if failing or (not comparable and not allow_missing) else 0
+    unreliable = [f"{label}: {', '.join(r)}" for label, rep in (("baseline", baseline), ("candidate", candidate))
+                  if (r := unreliable_reasons(rep))]
+    code = 1 if failing or (not comparable and not allow_missing) or (unreliable and not allow_partial) else 0
     rows = [{"name": label, "finding": key, "kind": kind, "baseline": fb.get(key), "candidate": fc.get(key),
              ("ratio" if kind == "ms" else "change"): findings.get(dkey)} for label, key, kind, dkey in COMPARE_ROWS]
-    warnings = [f"{label}: numbers unreliable ({', '.join(r)})" for label, rep in (("baseline", baseline), ("candidate", candidate))
-                if (r := unreliable_reasons(rep))]
-    warnings += like_for_like_warnings([baseline, candidate], ["baseline", "candidate"], device)
+    warnings = like_for_like_warnings([baseline, candidate], ["baseline", "candidate"], device)
     return Comparison(findings=findings, verdicts=verdicts, rows=rows, regression=regression, comparable=comparable,
                       failing=failing, new_symptoms=new, resolved_symptoms=gone,
                       category_deltas=category_deltas(baseline, candidate, device),
                       kernel_deltas=kernel_deltas(baseline, candidate, device),
-                      warnings=warnings, exit_code=code)
+                      warnings=warnings, exit_code=code, unreliable=unreliable, allow_partial=allow_partial)
 
 
 def _setup(report: Mapping[str, Any], device: int | None) -> dict[str, Any]:
@@ -214,14 +225,16 @@ def like_for_like_warnings(reports: Sequence[Mapping[str, Any]], labels: Sequenc
 
 
 def unreliable_reasons(report: Mapping[str, Any]) -> list[str]:
-    """Why a report's numbers are unreliable: partial file, or quality codes that say so."""
-    from diagnose.vocab import UNRELIABLE_CODES
+    """Why a report's numbers are unreliable or unrepresentative: partial file, quality codes
+    that make numbers unreliable, or a trace type that is not serving (a capture pass, a
+    fragment of a forward)."""
+    from diagnose.vocab import UNRELIABLE_CODES, UNREPRESENTATIVE_TRACE_TYPES
 
     out = []
     if report.get("partial"):
         out.append("partial trace file")
     codes = {q.get("code") for q in report.get("quality") or []}
-    out += [f"quality: {c}" for c in UNRELIABLE_CODES if c in codes]
+    out += [f"quality: {c}" for c in UNRELIABLE_CODES + UNREPRESENTATIVE_TRACE_TYPES if c in codes]
     return out
 
 

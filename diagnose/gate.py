@@ -26,6 +26,7 @@ from diagnose.compare import unreliable_reasons
 from diagnose.engine import RuleSet, Verdicts, evaluate
 from diagnose.errors import DiagnoseError
 from diagnose.findings import Findings, findings_from_report, labels_from_report, unreliable_findings
+from diagnose.vocab import UNREPRESENTATIVE_TRACE_TYPES
 
 GATE_PHASES = ("all", "prefill", "decode", "mixed")
 LAUNCH_RULE = "S3-launch-gaps"
@@ -76,7 +77,6 @@ def gate_report(report: Mapping[str, Any], ruleset: RuleSet, phases: Sequence[st
     findings.update(metrics or {})
     checks: list[dict[str, Any]] = []
     reasons = unreliable_reasons(report)
-    reasons += [f"quality: {q['code']}" for q in report.get("quality") or [] if q.get("code") in GATING_TRACE_TYPES]
     if reasons:
         status = "pass" if allow_partial else "fail"
         msg = "numbers unreliable: " + ", ".join(reasons) + (" (allowed by --allow-partial)" if allow_partial else " (use --allow-partial to accept)")
@@ -125,7 +125,7 @@ def gate_report(report: Mapping[str, Any], ruleset: RuleSet, phases: Sequence[st
 
 
 #: Trace types the gate treats like a partial trace (fails unless ``allow_partial``).
-GATING_TRACE_TYPES: tuple[str, ...] = ("graph_capture", "fragment")
+GATING_TRACE_TYPES: tuple[str, ...] = UNREPRESENTATIVE_TRACE_TYPES
 
 
 def fmt_value(v: Any) -> str:

@@ -174,16 +174,19 @@ def _change_text(kind: str, v: float | None) -> str:
               help='Metrics JSON, e.g. {"perplexity_baseline": 5.1, "perplexity_candidate": 5.3} (rule S6).')
 @click.option("--allow-missing", is_flag=True,
               help="Pass when the traces cannot be compared (no common TTFT/TPOT numbers); by default that fails.")
+@click.option("--allow-partial", is_flag=True,
+              help="Compare even when a trace is flagged partial / unreliable / capture pass / fragment; by default that fails.")
 @analysis_options(device_help="GPU device id in both traces (default: the one with the most GPU busy time).")
 @rule_options
 @guarded
-def compare_command(baseline_path, candidate_path, fmt, fail_on, metrics_path, allow_missing, **shared):
+def compare_command(baseline_path, candidate_path, fmt, fail_on, metrics_path, allow_missing, allow_partial, **shared):
     """Compare a candidate trace with a baseline: TTFT/TPOT deltas, per-category and
     per-kernel time deltas, and the regression verdict.
 
     Exit 1 when the candidate regressed (any TTFT/TPOT p50/p90/p99 more than 50 % worse, rule
-    latency-regression) or when the regression rule cannot be evaluated (no TTFT/TPOT number
-    common to both traces) unless --allow-missing; 0 otherwise; 2 on unusable input."""
+    latency-regression), when the regression rule cannot be evaluated (no TTFT/TPOT number
+    common to both traces) unless --allow-missing, or when a trace is partial or otherwise
+    unreliable (as for gate) unless --allow-partial; 0 otherwise; 2 on unusable input."""
     from diagnose.compare import compare_reports
 
     options, rule_opts, _ = split_options(shared)
@@ -191,7 +194,7 @@ def compare_command(baseline_path, candidate_path, fmt, fail_on, metrics_path, a
     metrics = load_metrics(metrics_path) if metrics_path else None
     base = analyse_report(baseline_path, options)
     cand = analyse_report(candidate_path, options)
-    cmp = compare_reports(base, cand, ruleset, metrics, options.device, fail_on, allow_missing)
+    cmp = compare_reports(base, cand, ruleset, metrics, options.device, fail_on, allow_missing, allow_partial)
     if fmt == "json":
         click.echo(json.dumps({
             "schema_version": 1,
@@ -204,6 +207,8 @@ def compare_command(baseline_path, candidate_path, fmt, fail_on, metrics_path, a
     _echo(f"candidate: {(cand.get('source') or {}).get('path', candidate_path)}")
     for w in cmp.warnings:
         _echo(f"warning: {w}")
+    for u in cmp.unreliable:
+        _echo(f"{'warning' if allow_partial else 'unreliable'}: {u}")
     w0 = max(len(r["name"]) for r in cmp.rows)
     _echo(f"{'metric':<{w0}}  {'baseline':>12}  {'candidate':>12}  change")
     for r in cmp.rows:
@@ -226,7 +231,9 @@ def compare_command(baseline_path, candidate_path, fmt, fail_on, metrics_path, a
         _echo("new in candidate: " + ", ".join(f"{s['id']} [{s['severity']}]" for s in cmp.new_symptoms))
     if cmp.resolved_symptoms:
         _echo("resolved in candidate: " + ", ".join(s["id"] for s in cmp.resolved_symptoms))
-    if cmp.regression:
+    if cmp.verdict == "unreliable":
+        _echo("verdict: UNRELIABLE — " + "; ".join(cmp.unreliable) + " (use --allow-partial to compare anyway)")
+    elif cmp.regression:
         _echo("verdict: REGRESSION — roll back (a TTFT/TPOT percentile is more than the allowed share worse than baseline)")
     elif cmp.failing:
         _echo("verdict: FAIL — " + ", ".join(s["id"] for s in cmp.failing))

@@ -27,6 +27,10 @@ SEVERITY_COLORS = {"critical": "#7b0000", "high": "#c62828", "medium": "#ef6c00"
                    "info": "#1565c0", "none": "#2e7d32", "unknown": "#616161"}
 SEVERITY_STYLES = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 
+#: Trace types whose numbers do not describe serving (a capture pass, part of a forward): gate
+#: and compare treat them like a partial trace (fail unless --allow-partial).
+UNREPRESENTATIVE_TRACE_TYPES: tuple[str, ...] = ("graph_capture", "fragment")
+
 #: What a rule reads: one trace, several traces of a sweep, a baseline/candidate pair, a metrics file.
 SCOPES = ("trace", "sweep", "compare", "metrics")
 

@@ -159,3 +159,22 @@ def test_empty_rules_folder_is_an_error_not_an_all_clear(cmd, tmp_path, kineto):
     r = run(*[c.format(t=trace) for c in cmd], "--rules", str(empty))
     assert r.exit_code == 2
     assert r.output.strip() == f"error: no rule files (*.yaml) found in {empty}"
+
+
+def test_compare_refuses_a_truncated_candidate_unless_allowed(tmp_path):
+    """Like gate: a partial candidate (the sample cut at 2,000 bytes) is not a verdict."""
+    from conftest import ROOT
+
+    sample = ROOT / "samples" / "tiny_cpu.json.gz"
+    trunc = tmp_path / "trunc.json.gz"
+    trunc.write_bytes(sample.read_bytes()[:2000])
+    r = run("compare", "--baseline", str(sample), "--candidate", str(trunc), "--format", "json")
+    assert r.exit_code == 1
+    d = json.loads(r.output)
+    assert d["verdict"] == "unreliable"
+    assert d["unreliable"] == ["candidate: partial trace file, quality: truncated, quality: fragment"]
+    r2 = run("compare", "--baseline", str(sample), "--candidate", str(trunc), "--format", "json", "--allow-partial")
+    assert json.loads(r2.output)["verdict"] == "not comparable"  # no TPOT in the readable part
+    r3 = run("compare", "--baseline", str(sample), "--candidate", str(trunc), "--format", "json", "--allow-partial",
+             "--allow-missing")
+    assert r3.exit_code == 0
