@@ -131,7 +131,10 @@ LEVER_TABLE: tuple[Lever, ...] = (
     Lever("remove_host_sync", "remove host synchronizations and blocking copies from the step loop (pinned memory, non_blocking copies)"),
     Lever("keep_weights_on_device", "keep the weights on the GPU (no offload), or prefetch them asynchronously"),
     Lever("overlap_communication", "overlap communication with compute (or parallelise differently)"),
-    Lever("flash_attention", "an IO-aware (FlashAttention-style) attention kernel"),
+    Lever("flash_attention", "an IO-aware (FlashAttention-style) attention kernel",
+          "trace.fused_attention_share >= 0.5", "attention already runs in fused (FlashAttention-style) kernels"),
+    Lever("attention_tuning", "a faster fused attention kernel for the device (another backend or version, e.g. CK/aiter "
+          "on MI300X, FlashAttention-3 on H100); compare its TFLOP/s in the kernel table with the GEMMs'"),
     Lever("synchronize_timer", "synchronize before reading a host timer (or time with CUDA events)"),
     Lever("fewer_kernels", "fewer, larger kernels: fuse the small ones that remain (routing, norms, casts, bookkeeping)"),
 )

@@ -520,3 +520,18 @@ def test_levers_already_in_place_are_not_recommended_in_any_view(tmp_path):
     assert "replay the step as a CUDA graph" not in page
     code, out = _cli("gate", "--trace", shared_trace(DECODE_FULL), *_cli_opts(GPT_OSS_OPTS))
     assert "replay the step as a CUDA graph" not in out and "FP8 experts" not in out
+
+
+def test_compiled_block_attention_rule_reads_prompt_length_from_sdpa_and_knows_flash_is_in_place():
+    """torch_compile_triton (MI300X): one block, no aten::linear; its SDPA query is
+    [8, 16, 4096, 128] (8 prompts of 4,096 tokens) and its one attention kernel, attn_fwd
+    (3,683.509 µs), is Triton flash attention: the rule fires on the prompt length from the
+    SDPA shape and recommends a faster fused kernel, not FlashAttention."""
+    rel = "tracelens/torch_compile_triton/trace.json.gz"
+    r = report(rel)
+    assert [(s["phase"], s["batch"], s["tokens"]) for s in r["steps"]] == [("prefill", 8, 32768)]
+    assert r["launches"]["fused_attention_share"] == 1.0
+    s = next(s for s in r["symptoms"] if s["id"] == "attention-share-long-prompt")
+    assert s["recommends"] == ["attention_tuning"]
+    assert s["already_in_place"] == ["not recommending flash attention: attention already runs in fused (FlashAttention-style) kernels"]
+    assert s["evidence"]["findings"]["steps.prefill_max_prompt_tokens"] == 4096

@@ -236,7 +236,8 @@ def shape_votes(trace: Trace, start_ns: int, end_ns: int, batch_hint: int | None
 
     Returns:
         (votes, batch, seq_len, context): the phases voted for; B and S of the first 3-D
-        linear (else M of the first 2-D linear as B with S = 1, the decode reading); the
+        linear (else M of the first 2-D linear as B with S = 1, the decode reading; else B and
+        S of the first prefill-shaped SDPA query [B, H, S, D]); the
         KV context: the longest key length of decode-shaped SDPA ops, else the key length of
         the first decode-shaped batched matmul (QK^T runs before PV); or None.
     """
@@ -250,6 +251,7 @@ def shape_votes(trace: Trace, start_ns: int, end_ns: int, batch_hint: int | None
     m = (ops["start_ns"] >= start_ns) & (ops["start_ns"] <= end_ns)
     sel = ops.loc[m]
     bmm_context = None  # from the first decode-shaped batched matmul: QK^T precedes PV
+    sdpa_bs = None  # (B, S) of the first prefill-shaped SDPA op
     for name, raw in zip(sel["name"].to_numpy(), sel["input_dims"].to_numpy()):
         dims = parse_input_dims(raw)
         if not dims or len(dims) < 2:
@@ -276,6 +278,8 @@ def shape_votes(trace: Trace, start_ns: int, end_ns: int, batch_hint: int | None
             sq, sk = a[-2], b[-1]
         if sq == sk and sq > 1:
             votes.add("prefill")
+            if name in _ATTN_OPS and sdpa_bs is None:
+                sdpa_bs = (a[0], sq)  # q [B, H, S, D]: B prompts of S tokens
         elif sq < sk and sq <= DECODE_MAX_QUERY:
             votes.add("decode")
             if name in _ATTN_OPS:
@@ -284,6 +288,8 @@ def shape_votes(trace: Trace, start_ns: int, end_ns: int, batch_hint: int | None
                 bmm_context = sk
     if context is None:
         context = bmm_context
+    if batch is None and flat_m is None and sdpa_bs is not None:
+        batch, seq = sdpa_bs
     if batch is None and flat_m is not None and votes == {"decode"}:
         batch, seq = flat_m, 1
     if not votes and flat_m is not None and batch_hint:
