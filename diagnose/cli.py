@@ -59,7 +59,9 @@ def _emit_fleet(result: dict, fmt: str, out_path: str | None) -> None:
         render_fleet(result, c if c.is_terminal else Console(width=160))
     errors = result.get("errors") or []
     for e in errors:
-        click.echo(safe(f"error: {e.get('path')}" + (f" [{e['label']}]" if e.get("label") else "") + f": {e.get('error')}"), err=True)
+        msg, path = str(e.get("error")), str(e.get("path"))
+        where = "" if msg.startswith(path) else path + (f" [{e['label']}]" if e.get("label") else "") + ": "
+        click.echo(safe(f"error: {where}{msg}"), err=True)
     if not result.get("ranks"):
         raise DiagnoseError("no trace could be analysed")
     if errors:

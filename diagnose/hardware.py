@@ -201,7 +201,7 @@ def peak_from_overrides(
     for value, flag in ((peak_tflops, "--peak-tflops"), (bandwidth_tbps, "--bandwidth-tbps")):
         if value is not None and not _positive_number(value):
             raise DiagnoseError(f"{flag} must be a positive number, got {value!r}")
-    base = gpu_by_name(gpu) if gpu else resolve_gpu(device_name)
+    base = gpu_by_name(gpu) if gpu is not None else resolve_gpu(device_name)
     if base is None and peak_tflops is None and bandwidth_tbps is None:
         return None
     if base is None:

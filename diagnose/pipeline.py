@@ -134,7 +134,10 @@ def headline(verdicts, report: dict) -> dict | None:
     if h is None:
         if not kinds:
             return None
-        return {"text": TRACE_TYPE_HEADLINES[kinds[0]], "rule_id": None, "cause": kinds[0], "ms": None, "share": None}
+        text = TRACE_TYPE_HEADLINES[kinds[0]]
+        if kinds[0] == "no_gpu_activity" and report.get("partial"):
+            text = text.replace("in the trace", "in the readable part of this partial trace")
+        return {"text": text, "rule_id": None, "cause": kinds[0], "ms": None, "share": None}
     if kinds:
         h = {**h, "caveat": TRACE_TYPE_HEADLINES[kinds[0]]}
     return h

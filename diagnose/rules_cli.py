@@ -331,9 +331,10 @@ def rules_list(rules_dir, scope, fmt):
                                for r in rules], indent=2))
         return
     w = max((len(r.id) for r in rules), default=2)
+    ws = max((len(r.symptom) for r in rules), default=7)
     for r in rules:
         th = ", ".join(f"{k}={t.value:g}" for k, t in r.thresholds.items())
-        _echo(f"{r.id:<{w}}  {r.symptom:<26} {r.severity:<8} {r.scope:<8} {r.title}" + (f"  [{th}]" if th else ""))
+        _echo(f"{r.id:<{w}}  {r.symptom:<{ws}}  {r.severity:<8} {r.scope:<8} {r.title}" + (f"  [{th}]" if th else ""))
 
 
 @rules_group.command("test")

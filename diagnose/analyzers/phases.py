@@ -389,9 +389,10 @@ def run(ctx: Context) -> None:
     if len(steps) == 0:
         steps = steps_from_shapes(trace, ctx.options.batch)
         if len(steps):
-            windows = "ProfilerStep ranges" if steps["name"].astype(str).str.startswith("ProfilerStep#").any() else "the whole trace"
-            ctx.note("phases_from_shapes", f"no serving-engine step markers: steps are the {windows}, their phase inferred from "
-                     "aten::linear shapes ([B,1,H] decode, [B,S>1,H] prefill)")
+            windows = "the ProfilerStep ranges" if steps["name"].astype(str).str.startswith("ProfilerStep#").any() else "the whole trace"
+            ctx.note("phases_from_shapes", f"no serving-engine step markers: the steps are {windows}, their phase inferred from "
+                     "operator shapes (aten::linear [B,1,H] decode, [B,S>1,H] prefill; attention queries as long as their keys: "
+                     "prefill)")
         elif len(_backward_starts(trace)):
             ctx.note("training_trace", "autograd backward ops in the trace: a training step, not inference; phase 'unknown'")
         else:

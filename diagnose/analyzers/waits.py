@@ -67,12 +67,14 @@ def findings_of_phase(p: dict, out: dict) -> None:
     longest = (p.get("gaps") or {}).get("longest") or []
     out[f"{n}.longest_gap_ms"] = (longest[0]["ms"] if longest else 0.0) if measured else None
     window, busy = p.get("window_ms"), p.get("gpu_busy_ms")
-    own_share = None
+    own_share = own_idle = None
     if measured and window and busy is not None:
         ext = sum(float(by.get(c, 0.0)) for c in EXTERNAL_CAUSES)
         own_window = window - ext
-        own_share = max(0.0, (own_window - busy) / own_window) if own_window > 0 else None
+        own_idle = max(0.0, own_window - busy)
+        own_share = own_idle / own_window if own_window > 0 else None
     out[f"{n}.gpu_idle_own_share"] = own_share
+    out[f"{n}.idle_own_ms"] = own_idle
     hb = [g["ms"] for g in longest if g.get("cause") == "host_blocked"]
     out[f"{n}.longest_host_blocked_ms"] = (max(hb) if hb else 0.0) if measured else None
 
