@@ -178,3 +178,21 @@ def test_compare_refuses_a_truncated_candidate_unless_allowed(tmp_path):
     r3 = run("compare", "--baseline", str(sample), "--candidate", str(trunc), "--format", "json", "--allow-partial",
              "--allow-missing")
     assert r3.exit_code == 0
+
+
+def test_sweep_warns_when_points_differ_in_device(kineto, tmp_path):
+    """A sweep over traces of two GPUs is not a context or batch series of one setup."""
+    def trace(name, device_name, ctx):
+        b = kineto(deviceProperties=[{"id": 0, "name": device_name}])
+        for i in range(3):
+            b.annotation(f"diagnose:decode[bs=8 ctx={ctx}]", 1000 * i, 100)
+            b.launch("gemv", 1000 * i + 200, 300, launch_ts=1000 * i + 10)
+        return b.write(tmp_path / name)
+
+    a = trace("a.json", "NVIDIA H100 80GB HBM3", 2048)
+    b_ = trace("b.json", "NVIDIA A100-SXM4-80GB", 4096)
+    r = run("sweep", "--trace", str(a), "--trace", str(b_), "--format", "json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["warnings"] == [
+        f"the traces differ in device ({a} NVIDIA H100 80GB HBM3, {b_} NVIDIA A100-SXM4-80GB): the comparison may not be like "
+        "for like"]
