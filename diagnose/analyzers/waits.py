@@ -125,11 +125,13 @@ class _Intervals:
     cause: np.ndarray  # object: cause name or None
 
     @classmethod
-    def of(cls, frame: pd.DataFrame, what: str, keep_all: bool = False) -> "_Intervals":
+    def of(cls, frame: pd.DataFrame, what: str, keep_all: bool = False, cause: np.ndarray | None = None) -> "_Intervals":
+        """``cause``: the rows' causes when the caller classified them already."""
         if len(frame) == 0:
             z = np.zeros(0, dtype=np.int64)
             return cls(z, z, np.zeros(0, dtype=object), np.zeros(0, dtype=object))
-        cause = per_unique(frame["name"], lambda u: _cause_of(str(u), what), dtype=object)
+        if cause is None:
+            cause = per_unique(frame["name"], lambda u: _cause_of(str(u), what), dtype=object)
         keep = np.ones(len(frame), dtype=bool) if keep_all else pd.notna(cause)
         s = frame["start_ns"].to_numpy()[keep]
         order = np.argsort(s, kind="stable")
@@ -175,14 +177,13 @@ class HostIndex:
         h = cls(trace=trace)
         rt = trace.runtime
         if len(rt):
-            for tid, sub in rt.groupby("tid", sort=False):
-                iv = _Intervals.of(sub, "runtime", keep_all=True)
-                h.runtime[int(tid)] = iv
+            cause = per_unique(rt["name"], lambda u: _cause_of(str(u), "runtime"), dtype=object)  # once for all threads
+            for tid, idx in rt.groupby("tid", sort=False).indices.items():
+                h.runtime[int(tid)] = _Intervals.of(rt.iloc[idx], "runtime", keep_all=True, cause=cause[idx])
         ranges = _cpu_ranges(trace)
         if len(ranges):
-            codes, uniq = pd.factorize(ranges["name"].to_numpy(dtype=object), sort=False)
-            is_compile = np.array([_cause_of(str(u), "range") is not None for u in uniq], dtype=bool)
-            comp = ranges[is_compile[codes]] if len(uniq) else ranges.iloc[0:0]
+            is_compile = per_unique(ranges["name"], lambda u: _cause_of(str(u), "range") is not None)
+            comp = ranges[is_compile]
             for tid, sub in comp.groupby("tid", sort=False):
                 h.compile_ranges[int(tid)] = _Intervals.of(sub, "range")
         ov = getattr(trace, "overhead", None)

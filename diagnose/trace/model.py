@@ -53,6 +53,7 @@ linked to another rank's launch. :func:`~diagnose.trace.ranks.split_ranks` remov
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -135,9 +136,33 @@ def factorize(values: Any) -> tuple[np.ndarray, np.ndarray]:
         return np.asarray(cat.codes, dtype=np.int64), np.asarray(cat.categories, dtype=object)
     if isinstance(values, pd.Series):
         values = values.to_numpy(dtype=object)
+    key = owner = None
+    if isinstance(values, np.ndarray) and values.ndim == 1 and len(values) >= _FACTORIZE_CACHE_MIN:
+        # pandas hands out a new read-only view of a column each time: key on the memory it views
+        owner = values.base if values.base is not None else values
+        key = (values.ctypes.data, len(values), values.strides[0])
+        hit = _FACTORIZED.get(key)
+        if hit is not None and hit[0]() is owner:
+            return hit[1], hit[2]
     seen: dict[Any, int] = {}
     codes = np.fromiter((seen.setdefault(v, len(seen)) for v in values), dtype=np.int64, count=len(values))
-    return codes, np.fromiter(seen, dtype=object, count=len(seen))
+    uniq = np.fromiter(seen, dtype=object, count=len(seen))
+    if key is not None:
+        try:
+            ref = weakref.ref(owner, lambda _r, k=key: _FACTORIZED.pop(k, None))
+        except TypeError:  # an owner without weak references: not cached
+            return codes, uniq
+        codes.setflags(write=False)  # shared between callers: never modified in place
+        uniq.setflags(write=False)
+        _FACTORIZED[key] = (ref, codes, uniq)
+    return codes, uniq
+
+
+#: Factorizations of large name columns, by the memory they view, dropped with it: the
+#: analyzers ask for the codes of the same trace column several times (316 MB replica: the
+#: runtime names' 542k values five times).
+_FACTORIZED: dict[tuple, tuple] = {}
+_FACTORIZE_CACHE_MIN = 10_000
 
 
 def per_unique(values: Any, fn: Callable[[Any], Any], dtype: Any = bool) -> np.ndarray:
