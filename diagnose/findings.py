@@ -16,37 +16,19 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from diagnose.analyzers import ANALYZERS
-from diagnose.analyzers.base import Finding, quality_counts, sanitize_code
+from diagnose.analyzers.base import declared, quality_counts, sanitize_code
 from diagnose.errors import DiagnoseError
 from diagnose.numeric import Number, num
-from diagnose.vocab import PHASES, QUALITY_CODES, UNRELIABLE_CODES
+from diagnose.vocab import PHASES, QUALITY_CODES, STEP_PHASES, UNRELIABLE_CODES
 
 Findings = dict[str, Number | None]
 
-TRACE_FINDINGS = (
-    Finding("trace.partial", "0/1", "1 when the report says the trace file was incomplete"),
-    Finding("trace.unreliable", "0/1", "1 when partial or a quality code makes numbers unreliable (" + ", ".join(UNRELIABLE_CODES)
-            + "); phase numbers a phase lists as unreliable are None unless include_unreliable"),
-    Finding("trace.bandwidth_above_peak", "0/1", "1 when the quality code bandwidth_above_peak is present or a phase's achieved_tbps > peak_tbps; 0 when checked and not; None when no bandwidth numbers"),
-    Finding("trace.max_bandwidth_over_peak", "ratio", "largest achieved_tbps / peak_tbps over the device's phases"),
-    Finding("quality.<code>", "count or 0/1", "the report's quality issue count (1 without a count); 0 for known codes that are absent"),
-)
+TRACE_FINDINGS = declared("trace", unreliable_codes=", ".join(UNRELIABLE_CODES))
 
 #: Text values rules may print (``labels:`` in a rule); never compared, only shown.
-LABELS = (
-    Finding("trace.main_phase", "text", "the step phase with the most own time on the device ('the trace' without steps)"),
-    Finding("all.top_idle_cause", "text", "the gap cause with the most idle time on the device"),
-    Finding("all.longest_gap_host_call", "text", "what the host was doing during the longest idle gap ('nothing in the trace' when unknown)"),
-    Finding("all.longest_host_blocked_call", "text", "the call the host was blocked in during the longest host-blocked gap"),
-    Finding("<phase>.top_kernel", "text", "base name of the phase's costliest kernel"),
-    Finding("<phase>.top_category", "text", "the kernel category with the most kernel time in the phase"),
-)
+LABELS = declared("labels")
 
-METRICS_FINDINGS = (
-    Finding("metrics.<key>", "as given", "every numeric top-level key of the --metrics JSON file"),
-    Finding("metrics.perplexity_change", "fraction", "perplexity_candidate / perplexity_baseline - 1"),
-    Finding("metrics.spec_acceptance_rate", "fraction", "speculative-decoding acceptance rate (key spec_acceptance_rate or acceptance_rate)"),
-)
+METRICS_FINDINGS = declared("metrics")
 
 
 def select_device(report: Mapping[str, Any], device: int | None = None) -> int | None:
@@ -76,7 +58,6 @@ def select_device(report: Mapping[str, Any], device: int | None = None) -> int |
 
 def _main_row(rows: list[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The step phase row with the most own time (``trace.main_phase``), else the ``all`` row."""
-    from diagnose.vocab import STEP_PHASES
 
     steps = [p for p in rows if p.get("name") in STEP_PHASES]
     if steps:
@@ -158,7 +139,6 @@ def _trace_findings(report: Mapping[str, Any], out: Findings) -> None:
 def labels_from_report(report: Mapping[str, Any], device: int | None = None) -> dict[str, str]:
     """Text labels (:data:`LABELS`) of the selected device's report rows."""
     from diagnose.analyzers.categories import base_name
-    from diagnose.vocab import STEP_PHASES
 
     dev = select_device(report, device)
     rows = {p["name"]: p for p in report.get("phases") or [] if p.get("device") == dev and p.get("name") in PHASES}

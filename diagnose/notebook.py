@@ -88,18 +88,7 @@ class Report:
     def gaps(self) -> pd.DataFrame:
         """Every idle gap on every device: device, start_ms (from the trace start), ms, kind,
         cause, host_call (for the :data:`MAX_NAMED_GAPS` longest), next (the activity after it)."""
-        from diagnose.analyzers.waits import (
-            Gaps,
-            HostIndex,
-            attribute,
-            host_call,
-            launch_end_for_gaps,
-            outside_waits_ns,
-            reclassify_late_launches,
-            relabel_outside,
-            waited_on,
-        )
-        from diagnose.analyzers.timeline import analyze_gaps
+        from diagnose.analyzers.waits import HostIndex, caused_gaps, host_call, outside_waits_ns, waited_on
         from diagnose.vocab import GAP_CAUSES, GAP_KINDS
 
         g = self.analysis.activities
@@ -113,17 +102,11 @@ class Report:
         for dev in sorted(g["device"].unique()):
             m = (g["device"] == dev).to_numpy()
             sub = g[m]
-            le = launch_end_for_gaps(sub)
-            st = analyze_gaps(sub["start_ns"].to_numpy(), sub["end_ns"].to_numpy(), le, sub["graph_followup"].to_numpy())
+            st, cg, tids = caused_gaps(sub, host, outside)
             if len(st.gap_start) == 0:
                 continue
-            tids = sub["launch_tid"].to_numpy()[st.order]
             names = sub["name"].to_numpy(dtype=object)[st.order]
-            gap_le = le[st.order][st.gap_next]
-            cause, cover = attribute(st.gap_start, st.gap_end, st.gap_kind, tids[st.gap_next], host, gap_le)
-            relabel_outside(st.gap_start, st.gap_end, cause, *outside)
-            reclassify_late_launches(st, cause)
-            cg = Gaps(st.gap_start, st.gap_end, st.gap_kind, cause, st.gap_next, cover, gap_le)
+            cause = cg.cause
             dur = st.gap_end - st.gap_start
             named = np.zeros(len(dur), dtype=bool)
             named[np.argsort(-dur, kind="stable")[:MAX_NAMED_GAPS]] = True

@@ -16,18 +16,8 @@ from diagnose.analyzers.attainment import NO_ATTAINMENT, phase_attainment
 from diagnose.analyzers.base import Context, declared
 from diagnose.analyzers.latency import latency_findings, union_ns
 from diagnose.analyzers.result import PhaseResult
-from diagnose.analyzers.timeline import analyze_gaps, gap_distribution, union_busy_ns
-from diagnose.analyzers.waits import (
-    Gaps,
-    HostIndex,
-    attribute,
-    idle_by_cause_ms,
-    launch_end_for_gaps,
-    longest,
-    outside_waits_ns,
-    reclassify_late_launches,
-    relabel_outside,
-)
+from diagnose.analyzers.timeline import gap_distribution, union_busy_ns
+from diagnose.analyzers.waits import HostIndex, caused_gaps, idle_by_cause_ms, longest, outside_waits_ns
 from diagnose.numeric import div, num
 from diagnose.trace.model import NO_TIME, Trace, per_unique
 from diagnose.vocab import CATEGORIES, STEP_PHASES
@@ -63,23 +53,8 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
     (``sub``: its activities; ``host``: what the host did, for the gap causes; ``outside``:
     sorted start/end ns of the steps' ``outside_trace`` waits on this device: a queued gap
     mostly inside one is ``outside_trace`` here too, so the two views agree)."""
-    launch_end = launch_end_for_gaps(sub)
-    gaps = analyze_gaps(
-        sub["start_ns"].to_numpy(),
-        sub["end_ns"].to_numpy(),
-        launch_end,
-        sub["graph_followup"].to_numpy(),
-    )
-    tids = sub["launch_tid"].to_numpy()[gaps.order] if len(sub) else np.zeros(0, dtype=np.int64)
+    gaps, cg, tids = caused_gaps(sub, host or HostIndex(), outside)
     names = sub["name"].to_numpy(dtype=object)[gaps.order] if len(sub) else np.zeros(0, dtype=object)
-    host = host or HostIndex()
-    gap_le = launch_end[gaps.order][gaps.gap_next] if len(gaps.gap_next) else launch_end[:0]
-    cause, cover = attribute(gaps.gap_start, gaps.gap_end, gaps.gap_kind, tids[gaps.gap_next] if len(gaps.gap_next) else tids[:0], host,
-                             gap_le)
-    if outside is not None and len(outside[0]) and len(cause):
-        relabel_outside(gaps.gap_start, gaps.gap_end, cause, *outside)
-    reclassify_late_launches(gaps, cause)
-    cg = Gaps(gaps.gap_start, gaps.gap_end, gaps.gap_kind, cause, gaps.gap_next, cover, gap_le)
     dur = (sub["end_ns"] - sub["start_ns"]).to_numpy()
     cat_id = sub["category_id"].to_numpy()
     # per category: sums exact in float64 below 2**53 ns (104 days)

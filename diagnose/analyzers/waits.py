@@ -51,7 +51,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analyzers.base import Context, declared
-from diagnose.analyzers.timeline import LAUNCH_LATENCY_NS, MIN_GAP_NS, classify_gaps, union_busy_ns
+from diagnose.analyzers.timeline import LAUNCH_LATENCY_NS, MIN_GAP_NS, analyze_gaps, classify_gaps, union_busy_ns
 from diagnose.trace.model import NO_TIME, Trace, per_unique
 from diagnose.vocab import EXTERNAL_CAUSES, GAP_CAUSES, GAP_KINDS
 
@@ -374,6 +374,28 @@ def device_gaps(s: np.ndarray, e: np.ndarray, launch_end: np.ndarray, graph_foll
     le = launch_end[nxt] if len(nxt) else np.zeros(0, dtype=np.int64)
     cause, cover = attribute(gs, ge, kind, tids[nxt] if len(nxt) else np.zeros(0, dtype=np.int64), host, le)
     return Gaps(gs, ge, kind, cause, nxt, cover, le)
+
+
+def caused_gaps(acts: pd.DataFrame, host: HostIndex, outside: tuple[np.ndarray, np.ndarray] | None = None):
+    """The gaps of one device's activities (``acts``, any order) with their causes: the
+    timeline's gap statistics (kinds and launch-gap share corrected for late launches with
+    another cause) and the :class:`Gaps`, with ``tids`` of the activities in time order.
+    ``outside``: the steps' ``outside_trace`` waits (:func:`outside_waits_ns`).
+
+    Returns:
+        (stats: :class:`~.timeline.GapStats`, gaps: :class:`Gaps`, tids: np.ndarray in
+        ``stats.order``).
+    """
+    launch_end = launch_end_for_gaps(acts)
+    stats = analyze_gaps(acts["start_ns"].to_numpy(), acts["end_ns"].to_numpy(), launch_end, acts["graph_followup"].to_numpy())
+    tids = acts["launch_tid"].to_numpy()[stats.order] if len(acts) else np.zeros(0, dtype=np.int64)
+    gap_le = launch_end[stats.order][stats.gap_next] if len(stats.gap_next) else launch_end[:0]
+    cause, cover = attribute(stats.gap_start, stats.gap_end, stats.gap_kind, tids[stats.gap_next] if len(stats.gap_next) else tids[:0],
+                             host, gap_le)
+    if outside is not None and len(outside[0]) and len(cause):
+        relabel_outside(stats.gap_start, stats.gap_end, cause, *outside)
+    reclassify_late_launches(stats, cause)
+    return stats, Gaps(stats.gap_start, stats.gap_end, stats.gap_kind, cause, stats.gap_next, cover, gap_le), tids
 
 
 def launch_end_for_gaps(acts: pd.DataFrame) -> np.ndarray:

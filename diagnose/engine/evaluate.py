@@ -7,7 +7,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from diagnose.engine.condition import eval_condition, mangle
 from diagnose.engine.rule import Number, Rule, apply_overrides, render_template
-from diagnose.vocab import SEVERITY_RANK, STEP_PHASES
+from diagnose.vocab import LEVERS, QUALITY_CODES, SEVERITY_RANK, STEP_PHASES
 
 
 @dataclass
@@ -80,7 +80,6 @@ def severity_for_share(share: float) -> str:
 def _levers(r: Rule, findings: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """(levers recommended, notes on levers dropped because the evidence shows them in place)."""
     from diagnose.engine.condition import eval_condition as _evc, names_in
-    from diagnose.vocab import LEVERS
 
     keep, notes = [], []
     for name in r.recommends:
@@ -157,7 +156,6 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
         return "; ".join(parts)
 
     from diagnose.engine.condition import eval_expression
-    from diagnose.vocab import QUALITY_CODES
 
     labels = dict(labels or {})
     for r in rules:
@@ -236,8 +234,6 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
             if notes:
                 entry["already_in_place"] = notes
                 # the rule's prose may name the dropped levers: every view shows this instead
-                from diagnose.vocab import LEVERS
-
                 entry["fix"] = ("; ".join(LEVERS[k].text for k in keep) + ". " if keep else "") + " ".join(
                     n[0].upper() + n[1:] + "." for n in notes)
             v.symptoms.append(entry)

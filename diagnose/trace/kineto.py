@@ -483,21 +483,9 @@ class _StrictX(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
 _decoded = threading.local()
 
 
-class _StrictB(msgspec.Struct, gc=False, tag_field="ph", tag="B"):
-    """A duration event's begin (Trace Event Format); paired with its "E" by :func:`_pair_begin_end`."""
-
-    cat: str = ""
-    name: str = ""
-    ts: float = float("nan")
-    pid: int | str | None = None
-    tid: int | str | None = None
-    args: _StrictArgs = msgspec.field(default_factory=_StrictArgs)
-
-    def __post_init__(self) -> None:
-        _decoded.begin_end = True
-
-
 class _StrictE(msgspec.Struct, gc=False, tag_field="ph", tag="E"):
+    """A duration event's end (Trace Event Format): its ``args`` are never used."""
+
     cat: str = ""
     name: str = ""
     ts: float = float("nan")
@@ -506,6 +494,12 @@ class _StrictE(msgspec.Struct, gc=False, tag_field="ph", tag="E"):
 
     def __post_init__(self) -> None:
         _decoded.begin_end = True
+
+
+class _StrictB(_StrictE, gc=False, tag="B"):
+    """A duration event's begin; paired with its "E" by :func:`_pair_begin_end`."""
+
+    args: _StrictArgs = msgspec.field(default_factory=_StrictArgs)
 
 
 _OTHER_PHASES = tuple(msgspec.defstruct(f"_Phase{i}", [], tag_field="ph", tag=ph, gc=False)
