@@ -390,7 +390,8 @@ def test_shared_traces_inflate_far_below_the_limit():
             ratios.append(len(gzip.decompress(raw)) / len(raw))
     if not ratios:
         pytest.skip("shared trace corpus not available")
-    assert 9 < min(ratios) and max(ratios) < 31 < reading.MAX_INFLATE_RATIO / 3
+    # real traces compress 7-31x (MANIFEST sizes); the limit sits far above the largest
+    assert 5 < min(ratios) and max(ratios) < 31 < reading.MAX_INFLATE_RATIO / 3
 
 
 # 13. Web server inputs ------------------------------------------------------------------------
