@@ -30,8 +30,8 @@ SAMPLES = ROOT / "samples"
 #: ``../shared/traces``; cases whose file is absent are skipped.
 def _cases() -> list[tuple[str, Path, tuple[str, ...]]]:
     out = []
-    for p in sorted(SAMPLES.glob("*.json*")):
-        out.append((f"samples__{p.name}", p, ()))
+    for p in sorted(SAMPLES.rglob("*.json*")):
+        out.append(("samples__" + p.relative_to(SAMPLES).as_posix().replace("/", "__"), p, ()))
     if SHARED_TRACES.exists():
         for p in sorted(SHARED_TRACES.rglob("*")):
             if not p.is_file() or p.name == "execution_details.json":
