@@ -21,6 +21,7 @@ from plotly.offline import get_plotlyjs
 
 from diagnose.app import figures as F
 from diagnose.app.timeline import host_lane, prepare_timeline, timeline_figure
+from diagnose.hardware import describe_devices, describe_peak
 
 _CSS = """
 body { font-family: -apple-system, BlinkMacSystemFont, "Segoe UI", Roboto, sans-serif; margin: 0 auto; max-width: 1400px; padding: 1em 1.5em; color: #222; }
@@ -97,7 +98,9 @@ def render_html(report: Mapping, activities=None, *, title: str | None = None, m
         css=_CSS,
         plotlyjs=get_plotlyjs(),
         source={"path": src.get("path"), "format": src.get("format")},
-        devices=", ".join(f"GPU {d.get('id')} {d.get('name') or '(unnamed)'}" for d in report.get("devices") or []) or "no GPU",
+        devices=(("GPU " + describe_devices(report["devices"], report.get("gpu"))
+                  + (" · peaks " + describe_peak(report["gpu"]) if report.get("gpu") else ""))
+                 if report.get("devices") else "no GPU"),
         partial=bool(report.get("partial")),
         generated=_dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
         banner=F.banner_data(report),

@@ -38,6 +38,7 @@ from dash import Input, Output, State, dcc, html
 
 from diagnose.app import figures as F
 from diagnose.app.timeline import TimelineData, host_lane, parse_relayout, prepare_timeline, timeline_figure
+from diagnose.hardware import describe_devices, describe_peak
 
 #: Inputs larger than this get a progress bar on stderr while they are analysed.
 PROGRESS_THRESHOLD_BYTES = 100 * 1024 * 1024
@@ -259,7 +260,9 @@ def overview_page(entry: TraceEntry) -> html.Div:
     parts.append(html.Ul([html.Li([html.Code(x.get("code", "")), " ", x.get("message", "")]) for x in q], id="quality-list")
                  if q else html.P("no quality warnings", className="dg-muted", id="quality-list"))
     src = r.get("source") or {}
-    devs = ", ".join(f"GPU {d.get('id')} {d.get('name') or '(unnamed)'}" for d in r.get("devices") or []) or "no GPU"
+    devs = ("GPU " + describe_devices(r.get("devices") or [], r.get("gpu"))) if r.get("devices") else "no GPU"
+    if r.get("devices") and r.get("gpu"):
+        devs += " · peaks " + describe_peak(r["gpu"])
     parts.append(html.P([f"Source: {os.path.basename(str(src.get('path', entry.path)))} ({src.get('format', '?')}) · {devs}",
                          " · PARTIAL trace (truncated input)" if r.get("partial") else ""], className="dg-muted"))
     return html.Div(parts)
@@ -311,14 +314,14 @@ def waits_section(report: Mapping) -> list[Any]:
 
 
 def phases_page(entry: TraceEntry) -> html.Div:
-    """Prefill vs decode table (domain.md §1) and launch-gap statistics, per device."""
+    """Prefill vs decode table (docs/prefill-decode.md §1) and launch-gap statistics, per device."""
     r = entry.report
     parts: list[Any] = [html.H2("Prefill vs decode")]
     devs = F.report_devices(r) or [None]
     for d in devs:
         t = F.phases_table_data(r, d)
         cols = t["phases"]
-        head = ["metric"] + cols + ["expected (domain.md)"]
+        head = ["metric"] + cols + ["expected (docs/prefill-decode.md)"]
         body = []
         for row in t["rows"]:
             body.append([row["metric"]] + [_cell(row["display"][c], row["reasons"][c]) for c in cols]
@@ -384,7 +387,7 @@ def kernels_page(entry: TraceEntry) -> html.Div:
         html.H2("Kernels"),
         _graph("categories-graph", F.categories_figure(r)),
         html.H3("Attention share of kernel time"),
-        html.P("domain.md §5: on long prompts, attention taking clearly more than its FLOP share (~15 %) means poor "
+        html.P("docs/prefill-decode.md §5: on long prompts, attention taking clearly more than its FLOP share (~15 %) means poor "
                "tiling (use an IO-aware kernel).", className="dg-muted"),
         _table(["device", "phase", "attention share", "attention ms"],
                [[a["device"], a["phase"], a["text"], F.fmt_value(a["attention_ms"], "ms")] for a in att], id="attention-share"),
@@ -419,7 +422,7 @@ def roofline_page(entry: TraceEntry) -> html.Div:
             bits.append(f" (source: {gpu['source']})")
         note = html.P(bits, className="dg-muted", id="roofline-note")
     return html.Div([html.H2("Roofline"), note, _graph("roofline-graph", fig),
-                     html.P("Below the ridge point a kernel is memory-bound: more FLOP/s does not help (domain.md §3).",
+                     html.P("Below the ridge point a kernel is memory-bound: more FLOP/s does not help (docs/prefill-decode.md §3).",
                             className="dg-muted")])
 
 
@@ -443,7 +446,7 @@ def kv_page(entry: TraceEntry) -> html.Div:
     rows.append(html.Div([html.Label("tie_word_embeddings"),
                           dcc.Checklist(id="kv-tie", options=[{"label": " tied", "value": "tied"}], value=[], inline=True)]))
     ctrl = [
-        html.Div([html.Label("preset"), dcc.Dropdown(id="kv-preset", options=[{"label": "reference 7B-like (domain.md §2)", "value": "7b"},
+        html.Div([html.Label("preset"), dcc.Dropdown(id="kv-preset", options=[{"label": "reference 7B-like (docs/prefill-decode.md §2)", "value": "7b"},
                                                                               {"label": "custom (edit the fields)", "value": "custom"}],
                                                      value="7b", clearable=False, style={"width": "22em", "display": "inline-block"})]),
         *rows,
@@ -464,9 +467,9 @@ def kv_page(entry: TraceEntry) -> html.Div:
                            className="dg-muted"))
     return html.Div([
         html.H2("KV-cache budget"),
-        html.P("KV bytes per token = 2 x layers x num_key_value_heads x head_dim x bytes per element (domain.md §2). "
+        html.P("KV bytes per token = 2 x layers x num_key_value_heads x head_dim x bytes per element (docs/prefill-decode.md §2). "
                "Sequences that fit = (memory - overhead - weights) / (context x KV bytes per token); usable after "
-               "fragmentation = 75 % of that (domain.md §3).", className="dg-muted"),
+               "fragmentation = 75 % of that (docs/prefill-decode.md §3).", className="dg-muted"),
         *info,
         html.Div(ctrl, className="dg-form"),
         html.Div(kv_output(kv_view("7b", *[ref[k] for k, _ in _KV_FIELDS], [], 80, 5, "2048, 8192, 32768, 131072", "fp16", "bf16")),
@@ -577,7 +580,7 @@ def compare_page(state: AppState) -> html.Div:
                     "side: ", html.Code("diagnose serve --trace baseline.json.gz --trace candidate.json.gz"),
                     ". The verdict is the one `diagnose compare` gives with the same rule options: 'regression' when "
                     "TTFT or any TPOT percentile (p50/p90/p99) is more than the latency-regression rule's threshold "
-                    "(default 50 %) worse than the baseline (domain.md §7)."], id="compare-help"),
+                    "(default 50 %) worse than the baseline (docs/prefill-decode.md §8)."], id="compare-help"),
         ])
     opts = [{"label": e.label, "value": e.key} for e in state.entries]
     return html.Div([

@@ -140,12 +140,12 @@ def kv_budget_command(
 ) -> None:
     """KV-cache bytes per token and per batch, and how many sequences fit.
 
-    KV bytes per token = 2 * L * n_kv * d * bytes per element (domain.md section 2); from
+    KV bytes per token = 2 * L * n_kv * d * bytes per element (docs/prefill-decode.md section 2); from
     --model-config, MLA layers cache kv_lora_rank + qk_rope_head_dim per token and
     sliding-window layers hold at most their window of each sequence. With --tp, per rank:
     max(1, n_kv / tp) KV heads. With --memory-gb (or --kv-memory-gib): concurrency ceiling =
     floor(KV memory / KV per sequence), usable = floor(0.75 * ceiling) after fragmentation
-    (domain.md section 3).
+    (docs/prefill-decode.md section 3).
     """
     notes: list[str] = []
     try:
@@ -457,7 +457,7 @@ def _bounds_result(
             "per_rank": f"every byte and FLOP is one tensor-parallel rank's (--tp {tp})",
             "decode_bytes": "every non-expert weight once (embedding table and LM head included) + per MoE layer "
             "E_touched * expert bytes, E_touched = E * (1 - (1 - k/E)^batch) + batch * context * KV bytes per token "
-            "(sliding-window layers: min(context, window)) (domain.md section 3)",
+            "(sliding-window layers: min(context, window)) (docs/prefill-decode.md section 3)",
             "decode_flops": "2 * P * batch + 2 * n_h * (d_qk + d_v) per key read per layer; P = the parameters a token "
             "multiplies (params_total for a dense model, embedding included; MoE: top-k experts)",
             "decode_step": "max(bytes / bandwidth, FLOPs / peak); tokens/s = batch / step",
@@ -517,7 +517,7 @@ def bounds_command(
 ) -> None:
     """Analytic lower bounds for decode steps and prefill passes of a model on a GPU.
 
-    Decode step >= bytes per step / bandwidth; prefill >= FLOPs / peak (domain.md
+    Decode step >= bytes per step / bandwidth; prefill >= FLOPs / peak (docs/prefill-decode.md
     section 3). MoE, quantization_config, sliding windows and MLA are read from the config
     (docs/model-accounting.md). Give --gpu NAME, or --peak-tflops and --bandwidth-tbps
     (which also override the row's figures).
@@ -579,9 +579,10 @@ def _print_bounds(r: dict[str, Any]) -> None:
     over = ""
     if dev["overrides"] and dev["name"] != "custom":
         over = f" (flags override: {', '.join(dev['overrides'])})"
+    chosen = f" Chosen by {dev['selection']}." if dev.get("selection") else ""
     console.print(
         f"Device {dev['name']}{over}: {dev['peak_tflops']:g} TFLOP/s dense FP16/BF16, "
-        f"{dev['peak_tbps']:g} TB/s; ridge point {dev['ridge_flop_per_byte']:.1f} FLOP/B. "
+        f"{dev['peak_tbps']:g} TB/s; ridge point {dev['ridge_flop_per_byte']:.1f} FLOP/B.{chosen} "
         f"Source: {dev['source']}",
         soft_wrap=True,
     )

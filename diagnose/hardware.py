@@ -3,12 +3,17 @@
 The table ships as package data (``diagnose/data/gpus.yaml``), one row per part with its
 vendor source. Peaks are dense tensor-core figures (never 2:4 sparsity figures); units are
 named in every field: TFLOP/s = 1e12 FLOP/s, TB/s = 1e12 B/s, GB = the vendor's capacity
-label. The ridge point of a row is peak FLOP/s / peak B/s (domain.md section 3).
+label. The ridge point of a row is peak FLOP/s / peak B/s (docs/prefill-decode.md section 3).
+
+``--gpu`` takes a row name, a short name of the table (``H100`` is the SXM part: the tool
+says so and how to pick the PCIe card) or a device name as traces write it; an unknown name
+is refused with the closest names (``H10``: did you mean H100-SXM, H100-PCIe, ...).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import re
 from dataclasses import dataclass
@@ -34,6 +39,10 @@ class GpuPeak:
         source_url: its address.
         note: caveats (ambiguous or derived figures), or None.
         overrides: names of fields given by command-line flags.
+        selection: how this row was chosen, for the reports ("--gpu MI300X", "--gpu H100,
+            taken as H100-SXM; for the PCIe card give --gpu H100-PCIe ...", "the trace's
+            device name 'NVIDIA H200'", "--peak-tflops/--bandwidth-tbps"); "" for a row read
+            from the table directly.
     """
 
     name: str
@@ -47,10 +56,11 @@ class GpuPeak:
     source_url: str
     note: str | None = None
     overrides: tuple[str, ...] = ()
+    selection: str = ""
 
     @property
     def ridge_flop_per_byte(self) -> float | None:
-        """Ridge point = dense FP16 peak FLOP/s / peak B/s, FLOP/B (domain.md section 3)."""
+        """Ridge point = dense FP16 peak FLOP/s / peak B/s, FLOP/B (docs/prefill-decode.md section 3)."""
         if not self.dense_fp16_tflops or not self.memory_bandwidth_tbps:
             return None
         return self.dense_fp16_tflops / self.memory_bandwidth_tbps
@@ -62,7 +72,8 @@ class GpuPeak:
             ``name``; ``peak_tflops`` (dense FP16/BF16, TFLOP/s) and ``peak_tbps`` (memory
             bandwidth, TB/s), each None when unknown; ``ridge_flop_per_byte`` (FLOP/B or
             None); ``source`` (the datasheet, or "command-line flags"); ``overrides`` (list
-            of the fields replaced by flags).
+            of the fields replaced by flags); ``selection`` (how the row was chosen: see the
+            attribute).
         """
         return {
             "name": self.name,
@@ -71,6 +82,7 @@ class GpuPeak:
             "ridge_flop_per_byte": self.ridge_flop_per_byte,
             "source": self.source,
             "overrides": list(self.overrides),
+            "selection": self.selection,
         }
 
 
@@ -151,26 +163,71 @@ def gpu_names(table: Iterable[GpuPeak] | None = None) -> list[str]:
     return [row.name for row in (load_gpu_table() if table is None else table)]
 
 
+@functools.lru_cache(maxsize=1)
+def gpu_short_names() -> dict[str, tuple[str, str]]:
+    """Short ``--gpu`` names of the table (``short_names`` in ``gpus.yaml``).
+
+    Returns:
+        normalized short name -> (row name, how to pick the family's other parts).
+    """
+    return {_normalize(s.name): (s.row, s.others) for s in gpu_table().short_names}
+
+
+def suggest_gpu_names(name: str, n: int = 5) -> list[str]:
+    """Row names close to an unknown ``--gpu`` value, best first (at most ``n``).
+
+    Names that start with the value come first ("H10" -> H100-SXM, H100-PCIe), then the
+    closest by :func:`difflib.get_close_matches` (ratio >= 0.55) over row names and short
+    names; a short name stands for its row. Case and punctuation are ignored.
+    """
+    key = _normalize(name or "")
+    if not key:
+        return []
+    cands: dict[str, str] = {_normalize(r.name): r.name for r in load_gpu_table()}
+    for short, (row, _) in gpu_short_names().items():
+        cands.setdefault(short, row)
+    out: list[str] = []
+    for k in sorted(cands, key=lambda k: (len(k), k)):
+        if k.startswith(key) and cands[k] not in out:
+            out.append(cands[k])
+    for k in difflib.get_close_matches(key, list(cands), n=len(cands), cutoff=0.55):
+        if cands[k] not in out:
+            out.append(cands[k])
+    return out[:n]
+
+
 def gpu_by_name(name: str) -> GpuPeak:
     """Row for a ``--gpu NAME`` flag.
 
     Matching ignores case and punctuation ("h100-sxm", "H100 SXM", "h200",
-    "a100-80gb-sxm"); failing that, the name is resolved like a trace device name
-    ("NVIDIA A100-SXM4-80GB").
+    "a100-80gb-sxm"); then the table's short names ("H100" is the SXM part: the returned
+    row's ``selection`` says so and names the PCIe row); failing that, the name is resolved
+    like a trace device name ("NVIDIA A100-SXM4-80GB").
+
+    Returns:
+        The row, its ``selection`` saying how ``name`` was read.
 
     Raises:
-        DiagnoseError: unknown name; the message lists the valid names.
+        DiagnoseError: unknown name; the one-line message gives the closest names
+            (:func:`suggest_gpu_names`) and every valid one.
     """
     rows = load_gpu_table()
     key = _normalize(name or "")
     if key:
         for row in rows:
             if _normalize(row.name) == key:
-                return row
+                return dataclasses.replace(row, selection=f"--gpu {name}")
+        short = gpu_short_names().get(key)
+        if short is not None:
+            target, others = short
+            row = next(r for r in rows if r.name == target)
+            return dataclasses.replace(row, selection=f"--gpu {name}, taken as {row.name}; {others}")
     row = resolve_gpu(name or "")
     if row is not None:
-        return row
-    raise DiagnoseError(f"unknown GPU {name!r}; valid names: {', '.join(gpu_names(rows))}")
+        return dataclasses.replace(row, selection=f"--gpu {name}, taken as {row.name}")
+    close = suggest_gpu_names(name)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise DiagnoseError(f"unknown GPU {name!r}: {hint}valid names: {', '.join(gpu_names(rows))}")
 
 
 def peak_from_overrides(
@@ -201,7 +258,12 @@ def peak_from_overrides(
     for value, flag in ((peak_tflops, "--peak-tflops"), (bandwidth_tbps, "--bandwidth-tbps")):
         if value is not None and not _positive_number(value):
             raise DiagnoseError(f"{flag} must be a positive number, got {value!r}")
-    base = gpu_by_name(gpu) if gpu is not None else resolve_gpu(device_name)
+    if gpu is not None:
+        base = gpu_by_name(gpu)
+    else:
+        base = resolve_gpu(device_name)
+        if base is not None:
+            base = dataclasses.replace(base, selection=f"the trace's device name {device_name!r}")
     if base is None and peak_tflops is None and bandwidth_tbps is None:
         return None
     if base is None:
@@ -215,6 +277,7 @@ def peak_from_overrides(
             memory_gb=None,
             source="command-line flags",
             source_url="",
+            selection="--peak-tflops/--bandwidth-tbps",
         )
     changes: dict[str, Any] = {}
     if peak_tflops is not None:
@@ -224,3 +287,31 @@ def peak_from_overrides(
     if not changes:
         return base
     return dataclasses.replace(base, overrides=base.overrides + tuple(changes), **changes)
+
+
+def describe_peak(gpu: dict[str, Any]) -> str:
+    """One line for the peaks a report used (its ``gpu`` object, :meth:`GpuPeak.to_dict`):
+    row name, dense FP16/BF16 TFLOP/s, TB/s and how the row was chosen, e.g. "MI300X:
+    1307.4 TFLOP/s dense FP16/BF16, 5.3 TB/s; from --gpu MI300X"."""
+    def num(v: Any, unit: str) -> str:
+        return f"{v:g} {unit}" if isinstance(v, (int, float)) else f"{unit} unknown"
+
+    how = gpu.get("selection") or gpu.get("source") or ""
+    over = [o for o in gpu.get("overrides") or [] if gpu.get("name") != "custom"]
+    if over:
+        how += ("; " if how else "") + "flags override " + ", ".join(over)
+    return (f"{gpu.get('name')}: {num(gpu.get('peak_tflops'), 'TFLOP/s')} dense FP16/BF16, "
+            f"{num(gpu.get('peak_tbps'), 'TB/s')}" + (f"; from {how}" if how else ""))
+
+
+def describe_devices(devices: Iterable[dict[str, Any]], gpu: dict[str, Any] | None = None) -> str:
+    """The devices of a report as one line ("2: AMD Instinct MI300X"). A device the trace
+    does not name shows the part whose peaks were used when there is one ("2: (unnamed in
+    the trace; peaks of MI300X)"), else "(unnamed)"."""
+    out = []
+    for x in devices:
+        name = x.get("name")
+        if not name:
+            name = f"(unnamed in the trace; peaks of {gpu.get('name')})" if gpu and gpu.get("name") else "(unnamed)"
+        out.append(f"{x.get('id')}: {name}")
+    return ", ".join(out)

@@ -62,8 +62,15 @@ class GpuRow(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     note: Optional[str]
 
 
+class GpuShortName(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    name: str
+    row: str
+    others: str
+
+
 class GpuTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     gpus: list[GpuRow]
+    short_names: list[GpuShortName] = []
 
 
 class FindingRow(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -103,6 +110,10 @@ def load_table(filename: str, kind: Any):
                 v = getattr(r, k)
                 if v is not None and not v > 0:
                     raise DiagnoseError(f"diagnose/data/{filename}: row {r.name!r}: {k} must be a positive number")
+        rows = {r.name for r in table.gpus}
+        for s in table.short_names:
+            if s.row not in rows:
+                raise DiagnoseError(f"diagnose/data/{filename}: short name {s.name!r} maps to {s.row!r}, which is not a row")
     else:
         for r in getattr(table, "categories", None) or getattr(table, "grammars", None) or getattr(table, "rows", None) or ():
             _compile(r.pattern, f"diagnose/data/{filename}", re.IGNORECASE)

@@ -181,3 +181,104 @@ def test_peak_from_overrides() -> None:
         peak_from_overrides(gpu="nope")
     with pytest.raises(DiagnoseError, match="--peak-tflops"):
         peak_from_overrides(peak_tflops=0)
+
+
+# -- --gpu short names and did-you-mean (issue 27) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "row", "other"),
+    [
+        ("H100", "H100-SXM", "--gpu H100-PCIe"),
+        ("h100", "H100-SXM", "--gpu H100-PCIe"),
+        ("A100", "A100-80GB-SXM", "A100-40GB-SXM, A100-80GB-PCIe, A100-40GB-PCIe"),
+        ("A100-80GB", "A100-80GB-SXM", "--gpu A100-80GB-PCIe"),
+        ("a100 pcie", "A100-80GB-PCIe", "--gpu A100-40GB-PCIe"),
+        ("V100", "V100-32GB-SXM2", "--peak-tflops"),
+        ("H200-SXM", "H200", "H200 NVL"),
+        ("4090", "RTX-4090", "4090 D"),
+    ],
+)
+def test_short_names_say_which_part_and_how_to_pick_another(flag: str, row: str, other: str) -> None:
+    peak = gpu_by_name(flag)
+    assert peak.name == row
+    assert peak.selection.startswith(f"--gpu {flag}, taken as {row}; ")
+    assert other in peak.selection
+    assert peak.to_dict()["selection"] == peak.selection
+    # the figures are the row's own
+    assert peak.dense_fp16_tflops == dataclasses.replace(peak, selection="").dense_fp16_tflops
+    assert gpu_by_name(row).selection == f"--gpu {row}"
+
+
+def test_short_names_never_match_trace_device_names() -> None:
+    # "H100" alone in a trace stays unknown: the trace could be either part
+    assert resolve_gpu("H100") is None
+    assert resolve_gpu("NVIDIA A100") is None
+
+
+@pytest.mark.parametrize(
+    ("flag", "first"),
+    [
+        ("H10", ["H100-SXM", "H100-PCIe"]),
+        ("MI300", ["MI300X"]),
+        ("mi250", ["MI250X"]),
+        ("B20", ["B200"]),
+        ("A10", ["A100-80GB-SXM", "A10G"]),
+    ],
+)
+def test_unknown_name_suggests_the_closest(flag: str, first: list[str]) -> None:
+    from diagnose.hardware import suggest_gpu_names
+
+    got = suggest_gpu_names(flag)
+    assert got[: len(first)] == first and len(got) <= 5
+    with pytest.raises(DiagnoseError) as info:
+        gpu_by_name(flag)
+    msg = str(info.value)
+    assert msg.startswith(f"unknown GPU {flag!r}: did you mean {', '.join(got)}? valid names: ")
+    assert "\n" not in msg
+    assert suggest_gpu_names("TPU-v5") == [] and suggest_gpu_names("") == []
+
+
+def test_selection_of_trace_names_and_flags() -> None:
+    assert peak_from_overrides(device_name="NVIDIA H200").selection == "the trace's device name 'NVIDIA H200'"
+    assert peak_from_overrides(peak_tflops=300, bandwidth_tbps=2).selection == "--peak-tflops/--bandwidth-tbps"
+    over = peak_from_overrides(gpu="H100", bandwidth_tbps=3.0)
+    assert over.name == "H100-SXM" and over.overrides == ("memory_bandwidth_tbps",)
+    assert over.selection.startswith("--gpu H100, taken as H100-SXM")
+
+
+def test_cli_shows_the_chosen_device_wherever_a_peak_is_used(monkeypatch) -> None:
+    """The vLLM sample's device has no name: after --gpu the report names the part (and how it
+    was chosen) and never asks for --gpu; --gpu H10 is refused with suggestions."""
+    import json
+
+    from click.testing import CliRunner
+
+    from conftest import ROOT
+    from diagnose.cli import main
+
+    sample = str(ROOT / "samples" / "tracelens" / "vllm_decode_mi300x.json.gz")
+    plain = CliRunner().invoke(main, ["run", "--trace", sample]).output
+    assert "GPU devices: 2: (unnamed)\n" in plain and "(use --gpu)" in plain and "Peaks:" not in plain
+
+    out = CliRunner().invoke(main, ["run", "--trace", sample, "--gpu", "H100"]).output
+    assert "GPU devices: 2: (unnamed in the trace; peaks of H100-SXM)" in out
+    assert "Peaks: H100-SXM: 989.4 TFLOP/s dense FP16/BF16, 3.35 TB/s; from --gpu H100, taken as H100-SXM; " \
+           "for the PCIe card give --gpu H100-PCIe" in out
+    assert "use --gpu" not in out
+
+    d = json.loads(CliRunner().invoke(main, ["run", "--trace", sample, "--gpu", "MI300X", "--format", "json"]).output)
+    assert d["gpu"]["name"] == "MI300X" and d["gpu"]["selection"] == "--gpu MI300X"
+    unnamed = [q["message"] for q in d["quality"] if q["code"] == "unnamed_device"]
+    assert unnamed == ["device 2 has no name in the trace: peaks from --gpu MI300X"]
+    assert not [q for q in d["quality"] if q["code"] == "unknown_device_peak"]
+
+    bad = CliRunner().invoke(main, ["run", "--trace", sample, "--gpu", "H10"])
+    assert bad.exit_code == 2
+    assert bad.output.startswith("error: unknown GPU 'H10': did you mean H100-SXM, H100-PCIe, ")
+    assert bad.output.count("\n") == 1
+
+    b = CliRunner().invoke(main, ["bounds", "--model-config", "llama-3.1-8b", "--gpu", "H100", "--batch", "1"])
+    assert b.exit_code == 0, b.output
+    assert "Device H100-SXM: 989.4 TFLOP/s dense FP16/BF16, 3.35 TB/s; ridge point 295.3 FLOP/B. Chosen by --gpu H100, " \
+           "taken as H100-SXM; for the PCIe card give --gpu H100-PCIe" in " ".join(b.output.split())

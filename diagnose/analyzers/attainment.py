@@ -8,14 +8,14 @@ Sources of each input (the report lists the ones that were missing in ``attainme
   on each thread (aten::linear -> aten::matmul -> aten::mm is one GEMM). An op belongs to the
   step whose CPU range contains its start, which is also where its kernels' launch calls sit,
   so FLOPs and kernels of a step are the same work. Steps replayed from a CUDA graph run no
-  operators on the CPU: their FLOPs come from the model config instead (domain.md §2:
+  operators on the CPU: their FLOPs come from the model config instead (docs/prefill-decode.md §2:
   decode ``2 * P * B`` plus attention ``4 * n_h * d * ctx * L * B``; prefill linear + LM head +
   causal attention). SDPA-family attention is causal when the op's ``Concrete Inputs`` say
   ``is_causal`` (``cpu_ops.concrete_inputs``), else counted with a full mask (an upper bound).
 * **Bytes** — from the model config when known (:func:`diagnose.accounting.step_cost`: MoE
   experts touched, quantized weights, sliding windows, MLA and tensor parallelism per rank) (trace metadata ``diagnose.model_config`` or
   ``--model-config``): decode step = weight bytes + KV tokens read x KV bytes per token;
-  prefill step = weight bytes + tokens x KV bytes per token written (domain.md §3). Without
+  prefill step = weight bytes + tokens x KV bytes per token written (docs/prefill-decode.md §3). Without
   a config: operand bytes of the FLOP ops (inputs + output, by ``Input type``), a lower
   estimate that ignores cache reuse.
 * **Time** — the phase's step own times (GPU span minus external waits, see waits.py):
@@ -334,10 +334,12 @@ def run(ctx: Context) -> None:
         gs = g.loc[(g["step"] >= 0) & (g["launch_kind"] == "graph_launch"), "step"].unique()
         graph_steps[gs.astype(np.int64)] = True
     ctx.extra["_graph_steps"] = graph_steps
+    ctx.attainment_inputs = inp = attainment_inputs(trace, ctx.options, ctx.devices, ctx.note)
     for d in ctx.devices:
         if not d["name"]:
-            ctx.note("unnamed_device", f"device {d['id']} has no name in the trace: peak numbers cannot be resolved from it (use --gpu)")
-    ctx.attainment_inputs = inp = attainment_inputs(trace, ctx.options, ctx.devices, ctx.note)
+            given = (f"peaks from {inp.peak.selection or inp.peak.name}" if inp.peak is not None
+                     else "peak numbers cannot be resolved from it (use --gpu)")
+            ctx.note("unnamed_device", f"device {d['id']} has no name in the trace: {given}")
     ctx.extra["_moe_layer_bytes"] = moe_layer_bytes(steps, inp)  # the kernel table's MoE rows
     ctx.extra["gpu"] = _gpu_dict(inp.peak)
     ctx.extra["model"] = _model_dict(inp)

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from diagnose.analyzers import Analysis
+from diagnose.hardware import describe_devices, describe_peak
 from diagnose.textsafe import safe
 from diagnose.vocab import GAP_CAUSE_LABELS, SEVERITY_STYLES
 
@@ -65,8 +66,10 @@ def render_report(d: dict[str, Any], console: Console | None = None, metadata: d
         c.print(Text("PARTIAL TRACE: every number below comes from an incomplete file", style="bold red"))
     listed = [p.get("name") for p in ((metadata or {}).get("deviceProperties") or []) if isinstance(p, dict)]
     no_gpu = "none with activity in the analysed events" + (f" (the trace lists {len(listed)} GPU(s))" if listed else " (CPU only)")
-    devs = ", ".join(f"{x['id']}: {x['name'] or '(unnamed)'}" for x in d["devices"]) or no_gpu
-    c.print(Text(safe(f"GPU devices: {devs}")))
+    gpu = d.get("gpu")
+    c.print(Text(safe(f"GPU devices: {describe_devices(d['devices'], gpu) or no_gpu}")))
+    if gpu and d["devices"]:
+        c.print(Text(safe(f"Peaks: {describe_peak(gpu)}"), style="dim"))
 
     symptoms = d.get("symptoms") or []
     h = d.get("headline")
