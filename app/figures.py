@@ -204,7 +204,7 @@ def categories_figure(report: Mapping, device: int | None = None) -> go.Figure:
 
 
 def attention_rows(report: Mapping) -> list[dict]:
-    """Attention share of kernel time per (device, phase), with the domain.md §5 reading."""
+    """Attention share of kernel time per (device, phase), with the docs/prefill-decode.md §5 reading."""
     out = []
     for p in report.get("phases") or []:
         share = _num(p.get("attention_share"))
@@ -287,7 +287,7 @@ def _peaks(report: Mapping, device: int | None = None) -> tuple[float | None, fl
 def roofline_figure(report: Mapping, device: int | None = None) -> go.Figure:
     """Roofline of the device (log-log): attainable TFLOP/s vs arithmetic intensity (FLOP/B).
 
-    Roof = min(peak TFLOP/s, AI x peak TB/s) (domain.md §3); the ridge point peak/bandwidth is
+    Roof = min(peak TFLOP/s, AI x peak TB/s) (docs/prefill-decode.md §3); the ridge point peak/bandwidth is
     marked. One point per phase with ``arithmetic_intensity`` and ``achieved_tflops``; one per
     kernel category when the phase carries ``category_flops``/``category_bytes``. Without
     peaks the figure is empty and says why.
@@ -379,7 +379,7 @@ def roofline_figure(report: Mapping, device: int | None = None) -> go.Figure:
     return fig
 
 
-# -- phases table (domain.md §1) ---------------------------------------------------------
+# -- phases table (docs/prefill-decode.md §1) ---------------------------------------------------------
 
 
 # (key, metric, unit, phases it applies to (None = all), expected {phase: text})
@@ -419,7 +419,7 @@ _LATENCY_KEYS = {
 
 
 def expected_text(row: Mapping, phases: list[str]) -> str:
-    """The domain.md §1/§3/§5 expectation for a phases-table row, as one cell of text."""
+    """The docs/prefill-decode.md §1/§3/§5 expectation for a phases-table row, as one cell of text."""
     exp = {c: row["expected"].get(c, "") for c in phases if row["expected"].get(c)}
     if not exp:
         return ""
@@ -429,7 +429,7 @@ def expected_text(row: Mapping, phases: list[str]) -> str:
 
 
 def phases_table_data(report: Mapping, device: int | None = None) -> dict:
-    """Prefill vs decode side by side, in the shape of domain.md §1.
+    """Prefill vs decode side by side, in the shape of docs/prefill-decode.md §1.
 
     Args:
         report: the report dict.
@@ -514,7 +514,7 @@ def banner_data(report: Mapping) -> dict:
         err = report.get("verdicts_error")
         return {"severity": "unknown", "color": SEVERITY_COLORS["unknown"], "count": 0, "caveat": None,
                 "title": "No symptom verdict: symptom rules were not run for this report",
-                "text": "The numbers below are measured; the rule engine (S1-S7, domain.md §7) did not produce "
+                "text": "The numbers below are measured; the rule engine (S1-S7, docs/prefill-decode.md §7) did not produce "
                         "'symptoms' for this report" + (f": {err}." if err else ".")}
     if not syms:
         ne = f"; {len(not_eval)} rule(s) not evaluated (missing inputs, see below)" if not_eval else ""
@@ -689,14 +689,14 @@ def key_numbers(report: Mapping) -> list[dict]:
     ]
 
 
-# -- KV budget (domain.md §2-3) ----------------------------------------------------------
+# -- KV budget (docs/prefill-decode.md §2-3) ----------------------------------------------------------
 
 from diagnose.collectors.presets import get_preset  # noqa: E402  (pure data, no torch)
 
-#: domain.md §2 "Reference config 7B-like" (Hugging Face config names): the collector's preset.
+#: docs/prefill-decode.md §2 "Reference config 7B-like" (Hugging Face config names): the collector's preset.
 REFERENCE_7B = {**{k: v for k, v in get_preset("ref7b").items() if k in (
     "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-    "intermediate_size", "vocab_size", "tie_word_embeddings")}, "_name_or_path": "reference 7B-like (domain.md §2)"}
+    "intermediate_size", "vocab_size", "tie_word_embeddings")}, "_name_or_path": "reference 7B-like (docs/prefill-decode.md §2)"}
 DEFAULT_CONTEXTS = (2048, 8192, 32768, 131072)
 
 
@@ -719,7 +719,7 @@ def kv_budget_data(
         contexts: tokens per sequence, one table row each.
         kv_dtype, weight_dtype: fp32 fp16 bf16 fp8 int8 int4.
         kv_memory_gib: memory for the KV cache in GiB, overriding memory - overhead - weights
-            (domain.md §3 uses "~60 GiB").
+            (docs/prefill-decode.md §3 uses "~60 GiB").
 
     Returns:
         {"ok": True, model, kv_bytes_per_token, weight_bytes, kv_memory_bytes,

@@ -1,4 +1,4 @@
-"""Timed prefill and decode benchmark: the article's two timers (domain.md section 4).
+"""Timed prefill and decode benchmark: the article's two timers (docs/prefill-decode.md section 4).
 
 :func:`run_bench` builds a decoder-only model with Hugging Face ``transformers`` (random
 weights from a preset config, or a local checkpoint, exactly as
@@ -40,7 +40,7 @@ the ridge point), and ``bound_ratio`` = p50 / lower bound, all from
 :func:`diagnose.roofline.roofline` (the formula the trace analysis uses), unrounded. Without a peak those fields are null and ``attainment_missing`` says
 why. Units: TFLOP/s = 1e12 FLOP/s, TB/s = 1e12 B/s, GB = 1e9 B.
 
-Optional perplexity (symptom S6, domain.md section 7): over a text file, with the model's
+Optional perplexity (symptom S6, docs/prefill-decode.md section 7): over a text file, with the model's
 own tokenizer, only for real weights (``model_path``); with random weights the number is
 meaningless and is skipped with a reason.
 
@@ -759,7 +759,7 @@ def _num(x: float | None, fmt: str = "{:.3f}") -> str:
 
 
 def results_table(results: dict) -> Any:
-    """A rich Table of the rows, laid out like domain.md section 4."""
+    """A rich Table of the rows, laid out like docs/prefill-decode.md section 4."""
     from rich.table import Table
 
     peak = results.get("peak")

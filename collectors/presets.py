@@ -10,7 +10,7 @@ Presets:
     tiny: 2 layers, hidden 64, 4 heads (2 KV heads, head_dim 16), intermediate 128,
         vocab 256. Runs a prefill plus a few decode steps in well under a second on
         one CPU core; used by the tests and the shipped sample trace.
-    ref7b: the "7B-like" reference config of the domain notes (domain.md) section 2 (L=32,
+    ref7b: the "7B-like" reference config of docs/prefill-decode.md section 2 (L=32,
         H=4096, n_h=32, n_kv=8, d=128, F=11008, V=128000, untied embeddings):
         6,719,275,008 parameters, 13.44 GB of bf16/fp16 weights. Meant for a GPU.
 """
@@ -36,7 +36,7 @@ PRESETS: dict[str, dict] = {
         "hidden_act": "silu",
         "rms_norm_eps": 1e-6,
     },
-    # Source: domain.md section 2, "Reference config 7B-like".
+    # Source: docs/prefill-decode.md section 2, "Reference config 7B-like".
     "ref7b": {
         "model_type": "llama",
         "num_hidden_layers": 32,

@@ -1,13 +1,13 @@
 """Model accounting: parameters, weight bytes, KV-cache bytes, FLOPs and analytic bounds.
 
 Everything here is pure arithmetic on a decoder-only transformer described by a Hugging Face
-``config.json`` (config key names throughout). Formulas follow ``domain.md`` (the project's
+``config.json`` (config key names throughout). Formulas follow ``docs/prefill-decode.md`` (the project's
 restatement of the prefill/decode article) and, beyond its dense bf16 scope, the sources named
 next to each one; ``docs/model-accounting.md`` derives every formula with its assumption.
 
-* domain.md section 2 (model accounting): parameters, KV bytes per token, prefill FLOPs;
-* domain.md section 3 (arithmetic intensity and bounds): ridge point, decode/prefill bounds;
-* domain.md section 3, "KV capacity" paragraph: concurrency ceiling on a card;
+* docs/prefill-decode.md section 2 (model accounting): parameters, KV bytes per token, prefill FLOPs;
+* docs/prefill-decode.md section 3 (arithmetic intensity and bounds): ridge point, decode/prefill bounds;
+* docs/prefill-decode.md section 3, "KV capacity" paragraph: concurrency ceiling on a card;
 * mixture of experts (Mixtral, gpt-oss, DeepSeek, Qwen-MoE): parameters, active parameters,
   the expected experts a batch touches under uniform independent routing;
 * quantization from ``quantization_config`` (fp8, fbgemm_fp8, FP8 compressed-tensors, mxfp4,
@@ -24,7 +24,7 @@ Units are fixed and named in every field: bytes are integers (``*_bytes``) unles
 it is an expectation (float), ``GB`` = 1e9 bytes, ``GiB`` = 2**30 bytes, ``TB/s`` = 1e12 B/s,
 ``TFLOP/s`` = 1e12 FLOP/s. The two gigabyte units are never mixed in one number.
 
-Stated simplifications: norm weights and biases are not counted (domain.md section 2:
+Stated simplifications: norm weights and biases are not counted (docs/prefill-decode.md section 2:
 "negligible"); activations are not counted as memory traffic; the decode step reads every
 non-expert weight once, the whole embedding table included (the article's convention: a
 real step reads only the batch's rows of it).
@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 from diagnose.errors import DiagnoseError
 
-#: Bytes in one GB (decimal) and one GiB (binary). domain.md "Units".
+#: Bytes in one GB (decimal) and one GiB (binary). docs/prefill-decode.md "Units".
 GB = 10**9
 GiB = 2**30
 MiB = 2**20
@@ -71,7 +71,7 @@ INT4_GROUP_SIZE = 128
 INT4_SCALE_BYTES = 2
 
 #: Share of the KV-cache ceiling that is usable once allocator fragmentation is paid.
-#: 0.75 reproduces domain.md section 3 exactly for 240 -> 180 and 60 -> 45; with
+#: 0.75 reproduces docs/prefill-decode.md section 3 exactly for 240 -> 180 and 60 -> 45; with
 #: ``floor`` it gives 15 -> 11 and 3 -> 2 where the article says "~10" and "~2".
 FRAGMENTATION_FACTOR = 0.75
 
@@ -540,7 +540,7 @@ class ModelSpec:
     def from_hf_config(cls, cfg: Mapping[str, Any], name: str | None = None) -> "ModelSpec":
         """Build a spec from a Hugging Face ``config.json`` dict.
 
-        Defaults (domain.md section 2): ``num_key_value_heads`` = ``num_attention_heads``
+        Defaults (docs/prefill-decode.md section 2): ``num_key_value_heads`` = ``num_attention_heads``
         (MHA) when absent or null; ``head_dim`` = ``hidden_size // num_attention_heads``
         when absent or null; ``tie_word_embeddings`` = False. When a top-level key is
         missing and the config has a nested ``text_config`` (multimodal wrappers), the
@@ -621,13 +621,13 @@ class ModelSpec:
         """Layers with a sliding attention window."""
         return sum(w is not None for w in self.layer_windows)
 
-    # -- parameters (domain.md section 2) --------------------------------------------
+    # -- parameters (docs/prefill-decode.md section 2) --------------------------------------------
 
     @property
     def params_attention_per_layer(self) -> int:
         """Attention weights of one layer.
 
-        GQA (domain.md section 2): q and o 2*H*(n_h*d) plus k and v 2*H*(n_kv*d). MLA
+        GQA (docs/prefill-decode.md section 2): q and o 2*H*(n_h*d) plus k and v 2*H*(n_kv*d). MLA
         (DeepSeek-V2 paper section 2.1; modeling_deepseek.py): q_a H*q_lora + q_b
         q_lora*n_h*(nope+rope) (or q H*n_h*(nope+rope) without q_lora_rank), kv_a
         H*(kv_lora+rope), kv_b kv_lora*n_h*(nope+v), o n_h*v*H.
@@ -644,7 +644,7 @@ class ModelSpec:
 
     @property
     def params_mlp_per_layer(self) -> int:
-        """Gated MLP (gate, up, down) of a dense layer: 3*H*F. domain.md section 2."""
+        """Gated MLP (gate, up, down) of a dense layer: 3*H*F. docs/prefill-decode.md section 2."""
         return 3 * self.hidden_size * self.intermediate_size
 
     @property
@@ -703,7 +703,7 @@ class ModelSpec:
 
     @property
     def params_embedding(self) -> int:
-        """Embedding V*H, plus an LM head V*H unless tied. domain.md section 2."""
+        """Embedding V*H, plus an LM head V*H unless tied. docs/prefill-decode.md section 2."""
         vh = self.vocab_size * self.hidden_size
         return vh if self.tie_word_embeddings else 2 * vh
 
@@ -985,7 +985,7 @@ class ModelWeights:
         num_experts_per_tok: k (0 for dense).
         moe_layers: layers with routed experts.
         flop_params_per_token: parameters one token multiplies on one rank, embedding table
-            included (the decode convention 2 * P per token, domain.md section 2; =
+            included (the decode convention 2 * P per token, docs/prefill-decode.md section 2; =
             params_total for a dense model at tp 1).
         body_active_params: decoder-layer parameters one token uses on one rank.
         lm_head_params: LM-head parameters on one rank.
@@ -1178,7 +1178,7 @@ def weight_bytes_breakdown(
 
 
 def weight_bytes(spec: ModelSpec, dtype: str | None = "bf16", group_size: int = INT4_GROUP_SIZE) -> int:
-    """Total weight bytes of ``spec`` (domain.md section 2).
+    """Total weight bytes of ``spec`` (docs/prefill-decode.md section 2).
 
     ``dtype`` a dtype name: every weight in it (``int4`` includes one fp16 scale per
     ``group_size`` input weights; see :func:`weight_bytes_breakdown`). ``dtype`` None: the
@@ -1201,7 +1201,7 @@ def kv_bytes_per_token_from_shape(
 ) -> int:
     """KV bytes per token = 2 (K and V) * L * n_kv * d * bytes per element.
 
-    domain.md section 2. ``int8``/``fp8`` = 1 byte, ``int4`` = half a byte (rounded up to
+    docs/prefill-decode.md section 2. ``int8``/``fp8`` = 1 byte, ``int4`` = half a byte (rounded up to
     whole bytes for the total); KV quantization scales are not counted.
 
     Raises:
@@ -1266,7 +1266,7 @@ def _kv_layout(spec: ModelSpec, tp: int) -> KvLayout:
 def kv_layout(spec: ModelSpec, tp: int = 1) -> KvLayout:
     """KV-cache elements per token on one rank, split by attention window (:class:`KvLayout`).
 
-    GQA layers cache K and V: 2 * n_kv * d elements per token (domain.md section 2), with
+    GQA layers cache K and V: 2 * n_kv * d elements per token (docs/prefill-decode.md section 2), with
     max(1, n_kv / tp) heads per rank (vLLM replicates KV heads when tp > n_kv). MLA layers
     cache the latent kv_lora_rank + qk_rope_head_dim, replicated on every rank (vLLM MLA).
 
@@ -1286,7 +1286,7 @@ def _kv_groups(spec: ModelSpec, kv_dtype: str, tp: int) -> tuple[int, tuple[tupl
 
 
 def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str | None = "fp16", *, tp: int = 1) -> int:
-    """KV-cache bytes one token occupies over all layers on one rank (domain.md section 2).
+    """KV-cache bytes one token occupies over all layers on one rank (docs/prefill-decode.md section 2).
 
     ``2 * L * n_kv * d * bytes_per_elem``; reference config in fp16: 131,072 B = 128 KiB.
     MLA caches ``kv_lora_rank + qk_rope_head_dim`` elements per layer (replicated on every
@@ -1363,7 +1363,7 @@ def experts_touched(num_experts: int, top_k: int, tokens: float) -> float:
 class PrefillFlops:
     """FLOPs of one prefill forward pass over ``batch`` prompts of ``prompt_len`` tokens.
 
-    Conventions (domain.md section 2): one multiply-add = 2 FLOPs. ``causal`` counts half
+    Conventions (docs/prefill-decode.md section 2): one multiply-add = 2 FLOPs. ``causal`` counts half
     the S x S attention work (what FlashAttention-style kernels do); ``full`` counts all of
     it (what the article's 2.2 TFLOP at S=2048 uses). ``flops_2p_total`` is the article's
     shortcut 2 * P * B * S with P the parameters one token multiplies, embedding included
@@ -1436,7 +1436,7 @@ def prefill_flops(
     """FLOPs of a prefill pass on one tensor-parallel rank, by term and under both
     attention conventions.
 
-    domain.md section 2: linear layers ``2 * P_body * B*S`` (MoE: the parameters a token
+    docs/prefill-decode.md section 2: linear layers ``2 * P_body * B*S`` (MoE: the parameters a token
     uses, top-k experts); LM head ``2*H*V`` per position whose logits are computed
     (``"all"``: every one of the S positions, as a naive Hugging Face forward does;
     ``"last"``: one per sequence, as serving engines do); attention scores plus weighted
@@ -1517,7 +1517,7 @@ def prefill_bytes(
     """Device-memory bytes a prefill pass must move at least, on one rank: weights read once
     (MoE: the experts B * S tokens touch, :func:`experts_touched`) plus the KV cache written
     once (``B * S * kv_bytes_per_token``); activations are not counted. Used for prefill
-    arithmetic intensity (domain.md section 3). ``weight_dtype``/``kv_dtype`` None: the
+    arithmetic intensity (docs/prefill-decode.md section 3). ``weight_dtype``/``kv_dtype`` None: the
     config's storage (16 bit when unquantized)."""
     s = _positive_arg(prompt_len, "prompt length")
     b = _positive_arg(batch, "batch")
@@ -1546,9 +1546,9 @@ class DecodeStep:
             experts_touched_per_layer * one expert's bytes (0 for dense).
         experts_touched_per_layer: E * (1 - (1 - k/E)^B), or None for a dense model.
         kv_read_bytes: B * context * KV bytes per token (sliding layers: min(context, W)).
-        bytes_per_step: weight_bytes + kv_read_bytes (domain.md section 3).
+        bytes_per_step: weight_bytes + kv_read_bytes (docs/prefill-decode.md section 3).
         flops_matmul: 2 * P * B, P the parameters a token multiplies on this rank
-            (domain.md section 2, "~= 2 * P"; counts the embedding lookup like the article,
+            (docs/prefill-decode.md section 2, "~= 2 * P"; counts the embedding lookup like the article,
             a 2*V*H per token over-count; MoE: top-k experts).
         flops_attention: 2 * n_h * (d_qk + d_v) per key read, summed over layers
             (4 * n_h * d * context * L * B without windows).
@@ -1597,7 +1597,7 @@ def decode_step(
     *,
     tp: int = 1,
 ) -> DecodeStep:
-    """Bytes moved and FLOPs done by one decode step on one rank (domain.md sections 2, 3).
+    """Bytes moved and FLOPs done by one decode step on one rank (docs/prefill-decode.md sections 2, 3).
 
     ``bytes_per_step = weights read + batch * context * kv_bytes_per_token``, where weights
     read = every non-expert weight once (embedding table and LM head included, the article's
@@ -1727,7 +1727,7 @@ def step_cost(
     ``kv_tokens`` summed over a batch, the per-sequence context is taken as the mean
     ``kv_tokens / batch`` (stated in ``assumptions``; unequal contexts make this an
     over-count). For a dense unquantized model at tp 1 this is exactly the dense formula of
-    domain.md sections 2-3 (weights + KV, ``2 * params_total`` per token).
+    docs/prefill-decode.md sections 2-3 (weights + KV, ``2 * params_total`` per token).
 
     Args:
         spec: the model.
@@ -1781,7 +1781,7 @@ def step_cost(
         matmul = 2 * w.flop_params_per_token * batch
         if not kv_tokens:
             return StepCost(phase, float(matmul), None, float(non_expert), float(expert), None, touched, tuple(notes))
-        # int arithmetic where exact, one float conversion at the end (dense: the domain.md numbers)
+        # int arithmetic where exact, one float conversion at the end (dense: the docs/prefill-decode.md numbers)
         if spec.layer_windows:
             flops: float | int = matmul + _attention_keys_flops(spec, tp, batch, kv_tokens / batch)
         else:
@@ -1807,7 +1807,7 @@ def step_cost(
     return none()
 
 
-# -- bounds (domain.md section 3) ---------------------------------------------------
+# -- bounds (docs/prefill-decode.md section 3) ---------------------------------------------------
 
 
 def _positive_float(value: float, what: str) -> float:
@@ -1817,7 +1817,7 @@ def _positive_float(value: float, what: str) -> float:
 
 
 def decode_step_bound_s(bytes_per_step: int | float, bandwidth_tbps: float) -> float:
-    """Decode step lower bound in seconds = bytes per step / bandwidth (domain.md section 3).
+    """Decode step lower bound in seconds = bytes per step / bandwidth (docs/prefill-decode.md section 3).
 
     Args:
         bytes_per_step: bytes read from device memory per step.
@@ -1830,7 +1830,7 @@ def decode_step_bound_s(bytes_per_step: int | float, bandwidth_tbps: float) -> f
 
 
 def prefill_bound_s(flops: int | float, peak_tflops: float) -> float:
-    """Prefill lower bound in seconds = FLOPs / peak FLOP/s (domain.md section 3).
+    """Prefill lower bound in seconds = FLOPs / peak FLOP/s (docs/prefill-decode.md section 3).
 
     Args:
         flops: FLOPs of the pass.
@@ -1843,7 +1843,7 @@ def prefill_bound_s(flops: int | float, peak_tflops: float) -> float:
 
 
 def ridge_point_flop_per_byte(peak_tflops: float, bandwidth_tbps: float) -> float:
-    """Ridge point = peak FLOP/s / peak B/s, in FLOP/B (domain.md section 3).
+    """Ridge point = peak FLOP/s / peak B/s, in FLOP/B (docs/prefill-decode.md section 3).
 
     300 TFLOP/s and 2 TB/s give 150 FLOP/B: below it a kernel is memory-bound.
 
@@ -1855,7 +1855,7 @@ def ridge_point_flop_per_byte(peak_tflops: float, bandwidth_tbps: float) -> floa
     )
 
 
-# -- KV capacity (domain.md section 3, "KV capacity") -------------------------------
+# -- KV capacity (docs/prefill-decode.md section 3, "KV capacity") -------------------------------
 
 
 @dataclass(frozen=True)
@@ -1921,7 +1921,7 @@ def kv_budget(
     fragmentation_factor: float = FRAGMENTATION_FACTOR,
     kv_bytes_per_sequence: int | None = None,
 ) -> KvBudget:
-    """KV-cache footprint and concurrency ceiling (domain.md sections 2 and 3).
+    """KV-cache footprint and concurrency ceiling (docs/prefill-decode.md sections 2 and 3).
 
     Memory for the KV cache is ``kv_memory_bytes`` when given, else
     ``memory_gb * 1e9 - overhead_gb * 1e9 - weight_bytes`` when ``memory_gb`` is given
@@ -1929,7 +1929,7 @@ def kv_budget(
     ``max_sequences = floor(kv_memory_bytes / (seq_len * kv_bytes_per_token))`` and
     ``usable_sequences = floor(max_sequences * fragmentation_factor)``.
 
-    The default factor 0.75 reproduces domain.md section 3 for the reference config with
+    The default factor 0.75 reproduces docs/prefill-decode.md section 3 for the reference config with
     60 GiB of KV memory: 2k -> 240 (180 usable), 8k -> 60 (45), 32k -> 15 (11, the article
     says ~10), 128k -> 3 (2). No single factor gives both 240 -> 180 and 15 -> 10; 0.75 is
     the one the article's own 240 -> 180 and 60 -> 45 state. Note that 80 GB - 13.44 GB of

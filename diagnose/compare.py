@@ -40,7 +40,7 @@ def compare_findings(baseline: Mapping[str, Any], candidate: Mapping[str, Any], 
 
     Ratios are candidate / baseline (None when either is missing or the baseline is 0).
     ``delta.worst_latency_ratio`` is the largest of the TTFT and TPOT p50/p90/p99 ratios
-    (the TTFT proxy ratio stands in when no prefill percentile exists): domain.md §7
+    (the TTFT proxy ratio stands in when no prefill percentile exists): docs/prefill-decode.md §7
     "any of TTFT/TPOT p50/p90/p99 more than 50 % worse than baseline = roll back".
     """
     fb, fc = findings_from_report(baseline, device), findings_from_report(candidate, device)

@@ -6,7 +6,7 @@ row, ``diagnose bounds``): given the FLOPs and bytes of each step and the total 
 * achieved TFLOP/s = sum(FLOPs) / time / 1e12; achieved TB/s = sum(bytes) / time / 1e12;
 * MFU = achieved TFLOP/s / dense FP16/BF16 peak; MBU = achieved TB/s / peak bandwidth;
 * arithmetic intensity (AI) = sum(FLOPs) / sum(bytes), FLOP/B; ``bound`` = "compute" when
-  AI >= the ridge point (peak FLOP/s / peak B/s), else "memory" (domain.md section 3);
+  AI >= the ridge point (peak FLOP/s / peak B/s), else "memory" (docs/prefill-decode.md section 3);
 * lower bound ``bound_s`` = sum over steps of max(FLOPs / peak FLOP/s, bytes / peak B/s)
   (each step is limited by the slower of its two roofs); ``bound_ratio`` = time / bound_s.
 

@@ -101,12 +101,12 @@ def test_h100_prefill_mfu_from_shapes():
     # outermost GEMM/attention ops of ProfilerStep#6: GEMMs 5,514,536,717,248 plus 24 causal
     # SDPA calls (is_causal 'True' in Concrete Inputs) over [16, 16, 559, 64]:
     # 4 * H * D * B * (S^2 - S^2/2) = 4 * 16 * 64 * 16 * 156,240.5 = 10,239,377,408 each
-    # (a full mask would count twice that: 6,006,026,832,832 in all, docs/expert-vs-tool.md defect 4)
+    # (a full mask would count twice that: 6,006,026,832,832 in all, tests/reviews/expert-vs-tool.md defect 4)
     sdpa = 4 * 16 * 64 * 16 * (559 * 559 - 559 * 559 / 2)
     assert sdpa == 10_239_377_408
     assert p.flops == 5_514_536_717_248 + 24 * sdpa == 5_760_281_775_040
     # over the step's own time 34.892419 ms (its GPU span; the 14 ms before it the GPU ran step
-    # #5's kernels): 5.760e12 / 0.034892419 s / 989.4e12 = 16.7 % (docs/expert-vs-tool.md, trace 3)
+    # #5's kernels): 5.760e12 / 0.034892419 s / 989.4e12 = 16.7 % (tests/reviews/expert-vs-tool.md, trace 3)
     assert p.mfu == pytest.approx(5_760_281_775_040 / 0.034892419 / 989.4e12, abs=5e-6)
     assert round(p.mfu, 3) == 0.167
     assert p.bound == "compute"

@@ -1,4 +1,4 @@
-"""Two defects found by the expert reading (docs/expert-vs-tool.md, defects 4 and 2):
+"""Two defects found by the expert reading (tests/reviews/expert-vs-tool.md, defects 4 and 2):
 
 * ``Concrete Inputs`` of cpu_ops are loaded (``cpu_ops.concrete_inputs``) on every decode path,
   so SDPA / flash attention read ``is_causal`` and count causal FLOPs (H100 Qwen1.5-0.5B trace:

@@ -5,7 +5,7 @@ name, origin of the shapes): the same GEMM kernel runs many shapes, so the shape
 the key. Each row says how long the kernel ran, what share of the phase's kernel time that is,
 the FLOPs and bytes of the work (:mod:`diagnose.analyzers.opcost`), the achieved TFLOP/s and
 TB/s, their fraction of the device peak and whether the work is compute- or memory-bound at
-its arithmetic intensity (against the ridge point, domain.md section 3).
+its arithmetic intensity (against the ridge point, docs/prefill-decode.md section 3).
 
 **Operator of a kernel.** Kineto stamps each GPU activity with the ``External id`` of the
 innermost operator open on the launching thread (CUPTI/roctracer external correlation: the

@@ -9,7 +9,7 @@ Definitions (README "Definitions"; the step time model is :mod:`diagnose.analyze
   CPU range for a step that launched no GPU work. A marker that starts long before its GPU
   work (asynchronous scheduling, a blocking copy) does not inflate it.
 * **TTFT proxy** = own time of the first prefill step. It excludes tokenization, queueing and
-  network, which a live service's TTFT also holds (domain.md §1).
+  network, which a live service's TTFT also holds (docs/prefill-decode.md §1).
 * **TPOT** samples = intervals between the completions (last GPU activity end) of
   consecutive decode steps: the time a user waits between two tokens of one request. Prefill
   and mixed steps are not samples, but an interval that spans one keeps it (the S5 spike).

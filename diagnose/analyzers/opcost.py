@@ -14,7 +14,7 @@ memory moved, one pass over every operand; caches and re-reads are ignored):
 
   - full mask: ``pairs = sum(Sq * Sk)``; this is today's SDPA count (``attainment.op_flops``)
     and is kept as the default when the causal flag is not visible (an upper bound);
-  - causal (domain.md section 2, the convention of this project): ``pairs = sum(Sq * Sk -
+  - causal (docs/prefill-decode.md section 2, the convention of this project): ``pairs = sum(Sq * Sk -
     Sq**2 / 2)`` per sequence, i.e. ``S**2 / 2`` for a prompt without cached prefix (the
     ``S / 2`` diagonal is ignored: 0.05 % at S = 1,024) and ``Sk - 1/2`` for one decode token.
   - varlen / paged ops (``aiter::mha_batch_prefill``, ``flash_attn`` varlen,

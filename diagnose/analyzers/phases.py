@@ -226,7 +226,7 @@ def _shape_ops(trace: Trace) -> pd.DataFrame:
 def shape_votes(trace: Trace, start_ns: int, end_ns: int, batch_hint: int | None = None) -> tuple[set[str], int | None, int | None, int | None]:
     """Phase evidence from operator shapes inside [start_ns, end_ns].
 
-    Rules (domain.md §1): ``aten::linear`` input [B, S, H]: S == 1 -> decode, S > 1 -> prefill.
+    Rules (docs/prefill-decode.md §1): ``aten::linear`` input [B, S, H]: S == 1 -> decode, S > 1 -> prefill.
     Attention (SDPA ops: q [B, H, Sq, D] vs k [B, Hk, Sk, D]; batched matmuls
     [..., Sq, D] x [..., D, Sk]): Sq == Sk > 1 -> prefill (self-attention over the prompt);
     Sq < Sk with Sq <= 16 -> decode (a few new tokens against cached keys). 2-D linears

@@ -84,7 +84,7 @@ LONGEST_GAPS = 5
 COVER_SHARE = 0.5
 #: A gap whose next kernel was already queued and that is shorter than this is the GPU
 #: switching kernels, not a dependency: back-to-back kernels on one stream start 1-3 µs apart
-#: (H100 HF trace in shared/traces, 1,164 such gaps: median 1.3 µs, max 2.8 µs).
+#: (a Hugging Face forward on H100: 1,164 such gaps: median 1.3 µs, max 2.8 µs).
 SWITCH_MAX_NS = 5_000
 
 #: How far before the launch the stream/event wait named for a dependency gap may be.

@@ -1,7 +1,7 @@
 """Rules: the model (one YAML file per rule, checked against ``rules/rule.schema.json``),
 loading, summary templates, threshold overrides and the ``--rules-config`` file.
 
-Source of thresholds: ``shared/design/domain.md`` §3, §5, §7 (the article's numbers), cited
+Source of thresholds: ``docs/prefill-decode.md`` §3, §5, §7 (the article's numbers), cited
 in each rule's ``rationale``.
 """
 from __future__ import annotations

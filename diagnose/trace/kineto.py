@@ -1,6 +1,6 @@
 """Kineto (torch.profiler) JSON loader: ``.json`` and ``.json.gz`` of every era we have seen.
 
-Handled variations (see ``../shared/traces/MANIFEST.md``):
+Handled variations (each seen in a real trace of the test corpus):
 
 * PyTorch 1.8/1.9 capitalised categories (``Kernel``, ``Runtime``, ``Operator``, ``Memcpy``,
   ``Memset``), ``tid`` written as ``"stream 7"``, lower-case ``"external id"``;
