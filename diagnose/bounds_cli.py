@@ -38,6 +38,7 @@ from diagnose.accounting import (
     kv_layout,
     load_model_config,
     model_weights,
+    read_model_config,
     prefill_bytes,
     prefill_flops,
     shipped_model_configs,
@@ -293,7 +294,32 @@ def kv_budget_command(
 # -- bounds -------------------------------------------------------------------------
 
 
-def _model_json(spec: ModelSpec, weight_dtype: str | None, kv_dtype: str | None, tp: int) -> dict[str, Any]:
+#: Hugging Face ``torch_dtype`` / ``dtype`` values -> the KV-cache dtype a serving engine uses
+#: with its default kv_cache_dtype "auto" (the model's dtype).
+_CONFIG_DTYPES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32"}
+
+
+def default_kv_dtype(cfg: dict[str, Any], spec: ModelSpec) -> tuple[str, str]:
+    """KV-cache dtype when ``--kv-dtype`` is not given, and where it came from: the config's
+    KV scheme (``quantization_config.kv_cache_scheme``), else the model's dtype
+    (``torch_dtype``, or ``dtype`` as transformers >= 4.56 writes it; a multimodal wrapper's
+    ``text_config`` too), as vLLM's ``kv_cache_dtype="auto"`` does, else fp16.
+
+    Returns:
+        (dtype, source), e.g. ("bf16", "config torch_dtype").
+    """
+    if spec.quantization is not None and spec.quantization.kv_dtype:
+        return spec.quantization.kv_dtype, "config quantization_config"
+    for where in (cfg, cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}):
+        for key in ("torch_dtype", "dtype"):
+            v = _CONFIG_DTYPES.get(str(where.get(key, "")).lower().removeprefix("torch."))
+            if v is not None:
+                return v, f"config {key}"
+    return "fp16", "default (the config names no dtype)"
+
+
+def _model_json(spec: ModelSpec, weight_dtype: str | None, kv_dtype: str | None, tp: int,
+                kv_dtype_source: str | None = None) -> dict[str, Any]:
     w = model_weights(spec, weight_dtype, tp)
     out: dict[str, Any] = {
         "name": spec.name,
@@ -323,6 +349,7 @@ def _model_json(spec: ModelSpec, weight_dtype: str | None, kv_dtype: str | None,
         "weight_format": w.weight_format,
         "weight_bytes": w.bytes,
         "kv_dtype": kv_dtype or "fp16",
+        "kv_dtype_source": kv_dtype_source,
         "kv_bytes_per_token": kv_bytes_per_token(spec, kv_dtype, tp=tp),
     }
     if spec.moe is not None:
@@ -374,6 +401,7 @@ def _bounds_result(
     kv_dtype: str | None,
     lm_head: str,
     tp: int = 1,
+    kv_dtype_source: str | None = None,
 ) -> dict[str, Any]:
     """Everything ``diagnose bounds`` reports, as a JSON-ready dict."""
     tflops = peak.dense_fp16_tflops
@@ -449,7 +477,7 @@ def _bounds_result(
         )
 
     return {
-        "model": _model_json(spec, weight_dtype, kv_dtype, tp),
+        "model": _model_json(spec, weight_dtype, kv_dtype, tp, kv_dtype_source),
         "gpu": peak.to_dict(),
         "conventions": {
             "units": "GB = 1e9 B, GiB = 2^30 B, TB/s = 1e12 B/s, TFLOP/s = 1e12 FLOP/s",
@@ -490,7 +518,7 @@ def _bounds_result(
 @click.option("--weight-dtype", type=_DTYPES, default=None,
               help="Every weight in this dtype [default: the config's quantization_config, else bf16].")
 @click.option("--kv-dtype", type=_DTYPES, default=None,
-              help="KV-cache dtype [default: the config's kv_cache_scheme, else fp16].")
+              help="KV-cache dtype [default: the config's kv_cache_scheme, else the model's dtype (torch_dtype), else fp16].")
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor-parallel size: bounds of one rank (vLLM sharding).")
 @click.option(
@@ -525,15 +553,17 @@ def bounds_command(
     weight_dtype = weight_dtype.lower() if weight_dtype else None
     kv_dtype = kv_dtype.lower() if kv_dtype else None
     try:
-        spec = load_model_config(model_config)
+        cfg, cfg_name = read_model_config(model_config)
+        spec = ModelSpec.from_hf_config(cfg, name=cfg_name)
         peak = peak_from_overrides(gpu=gpu, peak_tflops=peak_tflops, bandwidth_tbps=bandwidth_tbps)
         if peak is None:
             _fail("give --gpu NAME, or both --peak-tflops and --bandwidth-tbps")
         if peak.dense_fp16_tflops is None or peak.memory_bandwidth_tbps is None:
             _fail("give both --peak-tflops and --bandwidth-tbps (or --gpu NAME)")
-        if kv_dtype is None and spec.quantization is not None and spec.quantization.kv_dtype:
-            kv_dtype = spec.quantization.kv_dtype
-        result = _bounds_result(spec, peak, batches, context, prompt_lens, weight_dtype, kv_dtype, lm_head, tp)
+        kv_source = "--kv-dtype"
+        if kv_dtype is None:
+            kv_dtype, kv_source = default_kv_dtype(cfg, spec)
+        result = _bounds_result(spec, peak, batches, context, prompt_lens, weight_dtype, kv_dtype, lm_head, tp, kv_source)
     except DiagnoseError as exc:
         _fail(str(exc))
 
@@ -569,7 +599,7 @@ def _print_bounds(r: dict[str, Any]) -> None:
         mt.add_row("params: MTP layers (not counted)", f"{m['params_mtp']:,}", "", "")
     mt.add_row(f"weight bytes ({m['weight_format']})", f"{m['weight_bytes']:,}", _gb(m["weight_bytes"]), _gib(m["weight_bytes"]))
     mt.add_row(
-        f"KV bytes per token ({m['kv_dtype']})",
+        f"KV bytes per token ({m['kv_dtype']}, {m['kv_dtype_source']})" if m.get("kv_dtype_source") else f"KV bytes per token ({m['kv_dtype']})",
         f"{m['kv_bytes_per_token']:,} ({m['kv_bytes_per_token'] / KiB:g} KiB)",
         "",
         "",

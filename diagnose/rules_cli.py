@@ -322,7 +322,8 @@ def rules_group():
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @guarded
 def rules_list(rules_dir, scope, fmt):
-    """List rules: id, symptom, severity, scope, thresholds."""
+    """List rules, one per line under a header: rule id, symptom, severity, scope, title,
+    [thresholds]."""
     rules = [r for r in load_rules(rules_dir) if scope is None or r.scope == scope]
     if fmt == "json":
         click.echo(json.dumps([{"id": r.id, "symptom": r.symptom, "title": r.title, "severity": r.severity, "phase": r.phase,
@@ -330,8 +331,9 @@ def rules_list(rules_dir, scope, fmt):
                                 "thresholds": {k: {"value": t.value, "unit": t.unit} for k, t in r.thresholds.items()}}
                                for r in rules], indent=2))
         return
-    w = max((len(r.id) for r in rules), default=2)
-    ws = max((len(r.symptom) for r in rules), default=7)
+    w = max([len(r.id) for r in rules] + [len("rule")])
+    ws = max([len(r.symptom) for r in rules] + [len("symptom")])
+    _echo(f"{'rule':<{w}}  {'symptom':<{ws}}  {'severity':<8} {'scope':<8} title  [thresholds]")
     for r in rules:
         th = ", ".join(f"{k}={t.value:g}" for k, t in r.thresholds.items())
         _echo(f"{r.id:<{w}}  {r.symptom:<{ws}}  {r.severity:<8} {r.scope:<8} {r.title}" + (f"  [{th}]" if th else ""))

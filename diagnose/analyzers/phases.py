@@ -152,8 +152,12 @@ def find_steps(trace: Trace, extra: list[Grammar] | None = None) -> tuple[pd.Dat
     grammars = list(extra or []) + list(builtin_grammars())
     ann = trace.annotations
     rows = []
-    for scope in ("cpu", "gpu"):
-        sub = ann[ann["scope"] == scope]
+    # PyTorch <= 1.9 writes record_function ranges (ProfilerStep#N, engine step markers) as
+    # operators ("cat": "Operator"): they are searched last, when no annotation is a marker.
+    sources = [("cpu", lambda: ann[ann["scope"] == "cpu"]), ("gpu", lambda: ann[ann["scope"] == "gpu"]),
+               ("cpu", lambda: trace.cpu_ops)]
+    for scope, frame in sources:
+        sub = frame()
         if len(sub) == 0:
             continue
         # match each distinct name once (nsys exports carry millions of repeated NVTX names)
@@ -302,14 +306,47 @@ def shape_votes(trace: Trace, start_ns: int, end_ns: int, batch_hint: int | None
     return votes, batch, seq, context
 
 
-def _backward_starts(trace: Trace) -> np.ndarray:
-    """Start times of autograd backward ops: their presence marks a training step."""
+#: Autograd backward work: the engine's ``autograd::engine::evaluate_function: XBackward0``
+#: ranges (PyTorch >= 1.10), and, in PyTorch <= 1.9 traces that have no such range, the
+#: backward nodes themselves (``CudnnConvolutionBackward``, ``AddmmBackward``) and the
+#: ``aten::*_backward*`` ops they run.
+_BACKWARD_OP = re.compile(r"^(?:autograd::engine::evaluate_function|aten::\w*_backward(?:_\w+)?$|[A-Z]\w*Backward\d*$)")
+
+
+def _backward_ops(trace: Trace) -> tuple[np.ndarray, str | None]:
+    """Start times of autograd backward ops (their presence marks a training step) and the
+    name of one of them (None when there is none)."""
     ops = trace.cpu_ops
     if len(ops) == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64), None
     codes, uniques = pd.factorize(ops["name"], sort=False)
-    is_bw = np.array([str(u).startswith("autograd::engine::evaluate_function") for u in uniques], dtype=bool)
-    return ops["start_ns"].to_numpy()[is_bw[codes]] if len(uniques) else np.zeros(0, dtype=np.int64)
+    is_bw = np.array([bool(_BACKWARD_OP.match(str(u))) for u in uniques], dtype=bool)
+    if not is_bw.any():
+        return np.zeros(0, dtype=np.int64), None
+    return ops["start_ns"].to_numpy()[is_bw[codes]], str(uniques[np.argmax(is_bw)])
+
+
+def _backward_starts(trace: Trace) -> np.ndarray:
+    """Start times of autograd backward ops: their presence marks a training step."""
+    return _backward_ops(trace)[0]
+
+
+def _why_no_phase(trace: Trace) -> str:
+    """The ``missing_markers`` message: what was looked for and not found."""
+    ops = trace.cpu_ops
+    if len(ops) == 0:
+        shapes = "the trace holds no CPU operators, so no shapes to read a phase from"
+    elif ops["input_dims"].isna().all():
+        shapes = "its operators carry no 'Input Dims' shapes (torch.profiler records them with record_shapes=True)"
+    else:
+        shapes = ("no aten::linear [B, S, H] or attention operator has shapes that tell prefill from decode "
+                  "(2-D [tokens, hidden] linears need --batch)")
+    legacy = ""
+    if len(ops) and ops["name"].astype(str).str.startswith("ProfilerStep#").any():
+        legacy = ("; a PyTorch <= 1.9 trace (ProfilerStep#N written as an operator): its operators were searched "
+                  "for step markers too")
+    return (f"no step markers (no range named like a vLLM, SGLang or diagnose collect step){legacy}; {shapes}: "
+            "phase is 'unknown' (use --phase-regex PHASE=REGEX)")
 
 
 def steps_from_shapes(trace: Trace, batch_hint: int | None = None) -> pd.DataFrame:
@@ -321,8 +358,10 @@ def steps_from_shapes(trace: Trace, batch_hint: int | None = None) -> pd.DataFra
     """
     ann = trace.annotations
     windows = []
-    if len(ann):
-        cpu = ann[ann["scope"] == "cpu"]
+    # ProfilerStep#N ranges: annotations, or operators in PyTorch <= 1.9 traces
+    for cpu in (ann[ann["scope"] == "cpu"] if len(ann) else ann, trace.cpu_ops):
+        if windows or len(cpu) == 0:
+            continue
         codes, uniques = factorize(cpu["name"])
         is_ps = np.array([str(u).startswith("ProfilerStep#") for u in uniques], dtype=bool)
         ps = cpu[is_ps[codes]] if len(uniques) else cpu
@@ -393,9 +432,12 @@ def run(ctx: Context) -> None:
             ctx.note("phases_from_shapes", f"no serving-engine step markers: the steps are {windows}, their phase inferred from "
                      "operator shapes (aten::linear [B,1,H] decode, [B,S>1,H] prefill; attention queries as long as their keys: "
                      "prefill)")
-        elif len(_backward_starts(trace)):
-            ctx.note("training_trace", "autograd backward ops in the trace: a training step, not inference; phase 'unknown'")
         else:
-            ctx.note("missing_markers", "no step markers and no usable shapes: phase is 'unknown' (use --phase-regex PHASE=REGEX)")
+            _, backward = _backward_ops(trace)
+            if backward is not None:
+                ctx.note("training_trace", f"autograd backward ops in the trace (e.g. {backward!r}): a training step, not "
+                         "inference; phase 'unknown'")
+            else:
+                ctx.note("missing_markers", _why_no_phase(trace))
     ctx.steps = steps
     ctx.extra["_containers"] = containers

@@ -1,0 +1,159 @@
+"""Issue 27's smaller items, each checked on real traces and variants: PyTorch <= 1.9 traces
+say why they have no phase, `rules list` has a header row, `bounds` defaults the KV cache to
+the model's dtype."""
+from __future__ import annotations
+
+import gzip
+import json
+
+from click.testing import CliRunner
+
+from conftest import shared_trace
+from diagnose.cli import main
+from diagnose.pipeline import run_analysis
+
+
+def _notes(a, code):
+    return [q.message for q in a.quality if q.code == code]
+
+
+# ------------------------------------------------------------------ PyTorch <= 1.9 traces
+
+
+def test_pt19_training_traces_say_training_by_their_legacy_backward_names():
+    """PyTorch 1.8/1.9 name backward work by its autograd node (`CudnnConvolutionBackward`) and
+    aten op (`aten::nll_loss_backward`), with no `autograd::engine::evaluate_function` range:
+    the two ResNet-50 training traces are training traces, not traces "missing markers"."""
+    for rel in ("kineto-tb-plugin/resnet50_num_workers_0_pt1.9/worker0.1623143089861.pt.trace.json.gz",
+                "kineto-tb-plugin/resnet50_num_workers_0_pt1.8/worker0.pt.trace.json.gz"):
+        a = run_analysis(str(shared_trace(rel)))
+        assert _notes(a, "training_trace") == [
+            "autograd backward ops in the trace (e.g. 'aten::nll_loss_backward'): a training step, not inference; "
+            "phase 'unknown'"], rel
+        assert not _notes(a, "missing_markers") and len(a.steps) == 0
+
+
+def _legacy_without_backward(tmp_path):
+    """The PyTorch 1.8 ResNet-50 trace with every backward op removed: a legacy trace (operators
+    in category "Operator", ProfilerStep#N among them) with no marker and no telling shape."""
+    doc = json.loads(gzip.decompress(shared_trace(
+        "kineto-tb-plugin/resnet50_num_workers_0_pt1.8/worker0.pt.trace.json.gz").read_bytes()))
+    import re
+
+    bw = re.compile(r"(_backward|Backward\d*$)")
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not (e.get("cat") == "Operator" and bw.search(str(e.get("name"))))]
+    p = tmp_path / "pt18_no_backward.json"
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def test_legacy_trace_without_markers_says_why(tmp_path):
+    a = run_analysis(str(_legacy_without_backward(tmp_path)))
+    assert _notes(a, "missing_markers") == [
+        "no step markers (no range named like a vLLM, SGLang or diagnose collect step); a PyTorch <= 1.9 trace "
+        "(ProfilerStep#N written as an operator): its operators were searched for step markers too; its operators carry "
+        "no 'Input Dims' shapes (torch.profiler records them with record_shapes=True): phase is 'unknown' (use "
+        "--phase-regex PHASE=REGEX)"]
+    # (PyTorch 1.8 writes its shapes as "Input dims", which the loader does not read: no shapes here)
+
+
+def test_no_operators_and_no_shapes_say_so(kineto, tmp_path):
+    # a trace with kernels and launches only (as HTA's 4-kernel "inference" fragment)
+    b = kineto()
+    b.launch("gemm", 10, 10, launch_ts=0)
+    msg = _notes(run_analysis(str(b.write(tmp_path / "no_ops.json"))), "missing_markers")
+    assert msg and "the trace holds no CPU operators, so no shapes to read a phase from" in msg[0]
+    # operators recorded without shapes (record_shapes=False)
+    b = kineto()
+    b.cpu_op("aten::linear", 0, 30)
+    b.launch("gemm", 10, 10, launch_ts=5)
+    msg = _notes(run_analysis(str(b.write(tmp_path / "no_shapes.json"))), "missing_markers")
+    assert msg and "its operators carry no 'Input Dims' shapes (torch.profiler records them with record_shapes=True)" in msg[0]
+    assert "PyTorch <= 1.9" not in msg[0]
+
+
+def _legacy_op(b, name, ts, dur, input_dims=None):
+    args = {"Device": 100, "External id": len(b.events)}
+    if input_dims is not None:
+        args["Input dims"] = input_dims  # PyTorch 1.8 spelling
+    b.events.append({"ph": "X", "cat": "Operator", "name": name, "pid": 100, "tid": 100, "ts": ts, "dur": dur, "args": args})
+
+
+def test_legacy_step_markers_written_as_operators_are_steps(kineto, tmp_path):
+    """PyTorch <= 1.9 records record_function ranges (a serving engine's step markers) as
+    operators: they are read as steps when no annotation is one."""
+    b = kineto()
+    _legacy_op(b, "ProfilerStep#3", 0, 1000)
+    _legacy_op(b, "execute_context_1(128)_generation_0(0)", 10, 300)
+    b.launch("gemm_prefill", 400, 200, launch_ts=20)
+    _legacy_op(b, "execute_context_0(0)_generation_1(1)", 500, 100)
+    b.launch("gemm_decode", 700, 50, launch_ts=510)
+    a = run_analysis(str(b.write(tmp_path / "legacy_markers.json")))
+    assert a.steps[["name", "phase", "grammar"]].values.tolist() == [
+        ["execute_context_1(128)_generation_0(0)", "prefill", "vllm-v1-context"],
+        ["execute_context_0(0)_generation_1(1)", "decode", "vllm-v1-context"]]
+    assert not _notes(a, "missing_markers")
+
+
+def test_legacy_profiler_steps_are_shape_windows(kineto, tmp_path):
+    """Without markers, ProfilerStep#N operators (PyTorch <= 1.9) are the windows whose shapes
+    give the phase, one step each, as ProfilerStep annotations are in later versions."""
+    b = kineto()
+    for i, (s, phase_dims) in enumerate(((0, [[2, 64, 512], [512, 512]]), (2000, [[2, 1, 512], [512, 512]]))):
+        _legacy_op(b, f"ProfilerStep#{i + 1}", s, 1000)
+        b.cpu_op("aten::linear", s + 10, 100, input_dims=phase_dims)
+        b.launch("gemm", s + 200, 100, launch_ts=s + 20)
+    a = run_analysis(str(b.write(tmp_path / "legacy_steps.json")))
+    assert a.steps[["name", "phase", "grammar"]].values.tolist() == [
+        ["ProfilerStep#1", "prefill", "shapes"], ["ProfilerStep#2", "decode", "shapes"]]
+    assert _notes(a, "phases_from_shapes") and "the ProfilerStep ranges" in _notes(a, "phases_from_shapes")[0]
+
+
+# ------------------------------------------------------------------ rules list
+
+
+def test_rules_list_has_a_header_row():
+    out = CliRunner().invoke(main, ["rules", "list"]).output.splitlines()
+    assert out[0].split() == ["rule", "symptom", "severity", "scope", "title", "[thresholds]"]
+    first = out[1]
+    assert first.startswith("S1-throughput-flat-with-batch") and first.index("S1 ") == out[0].index("symptom")
+    assert out[0].index("severity") == first.index("high")
+    # --scope filters rows, not the header
+    metrics = CliRunner().invoke(main, ["rules", "list", "--scope", "metrics"]).output.splitlines()
+    assert metrics[0].startswith("rule ") and [line.split()[0] for line in metrics[1:]] == [
+        "S6-perplexity-up", "speculative-acceptance-low"]
+
+
+# ------------------------------------------------------------------ bounds: KV dtype
+
+
+def _bounds_json(*args):
+    r = CliRunner().invoke(main, ["bounds", "--gpu", "H100-SXM", "--batch", "1", "--prompt-len", "512", "--format", "json", *args])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_bounds_kv_cache_defaults_to_the_models_dtype(tmp_path):
+    """`bounds` takes the KV-cache dtype from the config's torch_dtype / dtype (what serving
+    engines do with kv_cache_dtype "auto"), not a fixed fp16."""
+    m = _bounds_json("--model-config", "llama-3.1-8b")["model"]  # torch_dtype bfloat16
+    assert (m["kv_dtype"], m["kv_dtype_source"], m["kv_bytes_per_token"]) == ("bf16", "config torch_dtype", 131_072)
+    from diagnose.accounting import read_model_config
+
+    base, _ = read_model_config("llama-3.1-8b")
+    fp32 = dict(base, torch_dtype="float32")
+    p = tmp_path / "fp32.json"
+    p.write_text(json.dumps(fp32))
+    m = _bounds_json("--model-config", str(p))["model"]
+    assert (m["kv_dtype"], m["kv_bytes_per_token"]) == ("fp32", 262_144)  # 2 * 32 layers * 8 heads * 128 * 4 B
+    newer = {k: v for k, v in base.items() if k != "torch_dtype"} | {"dtype": "float16"}  # transformers >= 4.56 writes "dtype"
+    p.write_text(json.dumps(newer))
+    m = _bounds_json("--model-config", str(p))["model"]
+    assert (m["kv_dtype"], m["kv_dtype_source"]) == ("fp16", "config dtype")
+    none = {k: v for k, v in base.items() if k != "torch_dtype"}
+    p.write_text(json.dumps(none))
+    m = _bounds_json("--model-config", str(p))["model"]
+    assert (m["kv_dtype"], m["kv_dtype_source"]) == ("fp16", "default (the config names no dtype)")
+    # the flag wins
+    m = _bounds_json("--model-config", "llama-3.1-8b", "--kv-dtype", "int8")["model"]
+    assert (m["kv_dtype"], m["kv_dtype_source"], m["kv_bytes_per_token"]) == ("int8", "--kv-dtype", 65_536)
