@@ -53,6 +53,7 @@ def without_peak(tmp_path_factory):
     return {"result": result, "out": out, "data": json.loads(out.read_text())}
 
 
+@pytest.mark.slow  # runs the benchmark's models on CPU
 def test_results_structure(with_peak):
     data = with_peak["data"]
     assert data["schema"] == "diagnose.bench" and data["schema_version"] == 2
@@ -69,6 +70,7 @@ def test_results_structure(with_peak):
     assert [p.name for p in with_peak["out"].parent.iterdir()] == ["results.json"]
 
 
+@pytest.mark.slow  # runs the benchmark's models on CPU
 def test_row_count_order_and_percentiles(with_peak):
     rows = with_peak["data"]["rows"]
     assert len(rows) == len(PROMPT_LENS) + len(BATCHES) * len(CONTEXTS)
@@ -87,6 +89,7 @@ def test_row_count_order_and_percentiles(with_peak):
         assert r["tokens_per_s"] == pytest.approx(tokens / (t["p50"] / 1e3))
 
 
+@pytest.mark.slow  # runs the benchmark's models on CPU
 def test_analytic_numbers_match_accounting(with_peak):
     spec = ModelSpec.from_hf_config(get_preset("tiny"))
     for r in with_peak["data"]["rows"]:
@@ -101,11 +104,13 @@ def test_analytic_numbers_match_accounting(with_peak):
             assert r["bytes"] == accounting.prefill_bytes(spec, r["prompt_len"], 1, "fp32", "fp32")
 
 
+@pytest.mark.slow  # runs the benchmark's models on CPU
 def test_attainment_with_peak(with_peak):
     data = with_peak["data"]
     # GpuPeak.to_dict(): the JSON report's gpu object; 100 / 1 FLOP/B ridge
     assert data["peak"] == {"name": "custom", "peak_tflops": 100.0, "peak_tbps": 1.0, "ridge_flop_per_byte": 100.0,
-                            "source": "command-line flags", "overrides": ["dense_fp16_tflops", "memory_bandwidth_tbps"]}
+                            "source": "command-line flags", "overrides": ["dense_fp16_tflops", "memory_bandwidth_tbps"],
+                            "selection": "--peak-tflops/--bandwidth-tbps"}
     assert data["peak_missing"] is None
     for r in data["rows"]:
         p50_s = r["time_ms"]["p50"] / 1e3
@@ -122,6 +127,7 @@ def test_attainment_with_peak(with_peak):
     assert "MBU" in out and "MFU" in out and "time p50 (ms)" in out
 
 
+@pytest.mark.slow  # runs the benchmark's models on CPU
 def test_attainment_absent_without_peak_on_cpu(without_peak):
     data = without_peak["data"]
     assert data["peak"] is None
@@ -134,6 +140,7 @@ def test_attainment_absent_without_peak_on_cpu(without_peak):
     assert "skipped" in without_peak["result"].output
 
 
+@pytest.mark.slow  # runs the benchmark's models on CPU
 def test_decode_step_runs_at_exactly_the_context():
     """The static-cache decode step equals a full forward over context + 1 tokens, every time."""
     torch.manual_seed(0)
@@ -214,6 +221,7 @@ def local_model(tmp_path_factory):
     return path, text
 
 
+@pytest.mark.slow  # runs the benchmark's models on CPU
 def test_perplexity_with_real_weights(local_model, tmp_path):
     path, text = local_model
     out = tmp_path / "r.json"
@@ -236,6 +244,7 @@ def test_perplexity_with_real_weights(local_model, tmp_path):
     assert f"perplexity {ppl['value']:.4f}" in result.output
 
 
+@pytest.mark.slow  # runs the benchmark's models on CPU
 def test_perplexity_windows_cover_every_token_once(local_model):
     path, text = local_model
     from transformers import AutoModelForCausalLM
@@ -248,6 +257,7 @@ def test_perplexity_windows_cover_every_token_once(local_model):
     assert math.isfinite(windowed["value"]) and windowed["value"] > 1
 
 
+@pytest.mark.slow  # runs the benchmark's models on CPU
 def test_perplexity_skipped_with_random_weights(tmp_path):
     text = tmp_path / "t.txt"
     text.write_text(TEXT)
@@ -311,6 +321,7 @@ def test_cuda_unavailable_is_one_line(tmp_path):
     ]
 
 
+@pytest.mark.slow  # runs the benchmark's models on CPU
 def test_out_of_memory_row_is_reported_and_the_run_continues(monkeypatch, tmp_path):
     real_decode = bench._Runner.decode
 
@@ -332,6 +343,7 @@ def test_out_of_memory_row_is_reported_and_the_run_continues(monkeypatch, tmp_pa
     assert "OOM" in result.stdout and "(1 out of memory)" in result.stdout
 
 
+@pytest.mark.slow  # runs the benchmark's models on CPU
 def test_missing_tokenizer_fails_before_any_row(local_model, tmp_path):
     import shutil
 
@@ -347,6 +359,7 @@ def test_missing_tokenizer_fails_before_any_row(local_model, tmp_path):
     assert not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.slow  # runs the benchmark's models on CPU
 def test_progress_goes_to_stderr(without_peak):
     err = without_peak["result"].stderr
     assert "bench: prefill S=16" in err and "bench: decode B=2 ctx=32" in err

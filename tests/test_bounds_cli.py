@@ -135,7 +135,8 @@ def test_bounds_reference_json(runner: CliRunner, ref_config: str) -> None:
     assert m["weight_bytes"] == 13_438_550_016
     assert m["kv_bytes_per_token"] == 131_072
     assert out["gpu"] == {"name": "custom", "peak_tflops": 300.0, "peak_tbps": 2.0, "ridge_flop_per_byte": 150.0,
-                          "source": "command-line flags", "overrides": ["dense_fp16_tflops", "memory_bandwidth_tbps"]}
+                          "source": "command-line flags", "overrides": ["dense_fp16_tflops", "memory_bandwidth_tbps"],
+                          "selection": "--peak-tflops/--bandwidth-tbps"}
 
     assert [d["batch"] for d in out["decode"]] == [1, 8, 32, 64, 128]
     for d in out["decode"]:

@@ -74,6 +74,7 @@ def _rules_dir(tmp_path, summary: str):
     return d
 
 
+@pytest.mark.slow  # resource-bound check (memory and time limits)
 def test_rules_file_with_a_huge_format_width_is_refused(tmp_path, kineto):
     d = _rules_dir(tmp_path, "{all.gpu_idle_share:100000000}")
     trace = kineto().launch("k", 10, 5, launch_ts=0).write(tmp_path / "t.json")
@@ -83,6 +84,7 @@ def test_rules_file_with_a_huge_format_width_is_refused(tmp_path, kineto):
     assert "width or precision over 64" in r.output
 
 
+@pytest.mark.slow  # resource-bound check (memory and time limits)
 def test_rules_config_alias_bomb_refused_in_bounded_memory(tmp_path, kineto):
     """A 'billion laughs' YAML: nine levels of ten aliases each expand to 10**9 items."""
     lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']

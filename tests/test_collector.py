@@ -195,6 +195,7 @@ def test_ref7b_preset_matches_domain_parameter_count():
     assert c["model_type"] == presets.get_preset("tiny")["model_type"] == "llama"
 
 
+@pytest.mark.slow  # runs a model twice on CPU
 def test_static_cache_decode_matches_dynamic_cache():
     """The --cuda-graph path decodes with a StaticCache; on CPU (eager) it must produce the
     same greedy tokens as the default DynamicCache path."""

@@ -14,6 +14,7 @@ from diagnose.pipeline import run_analysis
 FILES = kineto_files()
 
 
+@pytest.mark.slow  # every file, text and JSON; tests/test_golden.py runs every file's JSON report in the inner loop
 @pytest.mark.skipif(not FILES, reason="shared trace corpus not available")
 @pytest.mark.parametrize("path", FILES, ids=[p.name[:40] for p in FILES])
 @pytest.mark.parametrize("fmt", ["text", "json"])

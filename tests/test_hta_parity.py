@@ -97,6 +97,7 @@ import pytest
 
 pytestmark = [
     pytest.mark.hta,
+    pytest.mark.slow,
     # HTA 0.6.1 uses pandas inplace=... everywhere; not our warnings.
     pytest.mark.filterwarnings("ignore:The inplace keyword:Warning"),
 ]

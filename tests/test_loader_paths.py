@@ -124,6 +124,12 @@ TAIL_ARRAY_FILES = {
 }
 
 
+#: Corpus files whose every-path checks stay in the inner loop (`pytest -m "not slow"`): small,
+#: and between them a split trace with a graph replay and a trace with metadata events. Every
+#: other file is marked `slow` (the full suite runs them all).
+FAST_PATH_FILES = {"tracelens/torch_compile_triton/trace.json.gz", "tracelens/vllm_decode_full/graph_execution.json.gz"}
+
+
 def _shared_params():
     files = kineto_files()
     if not files:
@@ -131,7 +137,7 @@ def _shared_params():
     out = []
     for p in files:
         rel = p.relative_to(SHARED_TRACES).as_posix()
-        out.append(pytest.param(p, id=rel))
+        out.append(pytest.param(p, id=rel, marks=() if rel in FAST_PATH_FILES else pytest.mark.slow))
     return out
 
 

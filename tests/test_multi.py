@@ -215,7 +215,7 @@ def test_bad_executor_and_missing_dask(monkeypatch, kineto, tmp_path):
     with pytest.raises(DiagnoseError, match="unknown executor"):
         analyze_many([p], executor="threads")
     monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed -> ImportError
-    with pytest.raises(DiagnoseError, match=r"pip install 'diagnose-llm\[dask\]'"):
+    with pytest.raises(DiagnoseError, match=r"pip install '\.\[dask\]' in the project's checkout"):
         analyze_many([p], executor="dask")
 
 
@@ -236,6 +236,7 @@ def test_serial_fleet_on_real_traces(fleet_dir, serial_result):
     assert res["straggler_rule"]["metric"] == "all_wall_ms"  # not every rank has decode steps
 
 
+@pytest.mark.slow  # executor parity: starts a process pool or a Dask cluster
 def test_process_pool_matches_serial(fleet_dir, serial_result):
     res = analyze_many(discover(str(fleet_dir)), executor="process", workers=2)
     assert res["executor"] == "process" and res["workers"] == 2
@@ -267,6 +268,7 @@ def dask_cluster():
         cluster.close()
 
 
+@pytest.mark.slow  # executor parity: starts a process pool or a Dask cluster
 def test_dask_matches_serial(fleet_dir, serial_result, dask_cluster):
     res = analyze_many(discover(str(fleet_dir)), executor="auto", scheduler=dask_cluster.scheduler_address)
     assert res["executor"] == "dask" and res["workers"] == 2
@@ -277,6 +279,7 @@ def test_dask_matches_serial(fleet_dir, serial_result, dask_cluster):
     assert res["errors"] == []
 
 
+@pytest.mark.slow  # executor parity: starts a process pool or a Dask cluster
 def test_dask_with_client_and_bad_rank(fleet_dir, dask_cluster, tmp_path):
     distributed = pytest.importorskip("distributed")
     bad = tmp_path / "rank-8.json"
@@ -289,6 +292,7 @@ def test_dask_with_client_and_bad_rank(fleet_dir, dask_cluster, tmp_path):
     assert [(e["rank"], e["path"]) for e in res["errors"]] == [(8, str(bad))]
 
 
+@pytest.mark.slow  # executor parity: starts a process pool or a Dask cluster
 def test_dask_unreachable_scheduler(kineto, tmp_path, monkeypatch):
     pytest.importorskip("distributed")
     monkeypatch.setattr("diagnose.multi.DASK_CONNECT_TIMEOUT", "1s")

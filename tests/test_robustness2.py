@@ -344,6 +344,7 @@ def _bomb(path: Path, inflated_mib: int, head: bytes = b'{"traceEvents": [', tai
     return path
 
 
+@pytest.mark.slow
 def test_gzip_bomb_refused_with_bounded_memory(tmp_path):
     bomb = _bomb(tmp_path / "bomb.json.gz", 1024)  # 1 GiB of JSON whitespace
     size = bomb.stat().st_size

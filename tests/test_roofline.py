@@ -106,6 +106,7 @@ def test_gpu_peak_to_dict_is_the_report_gpu_object() -> None:
         "ridge_flop_per_byte": 989.4 / 3.35,  # 295.34 FLOP/B
         "source": h100.source,
         "overrides": [],
+        "selection": "--gpu H100-SXM",  # how the row was chosen (issue 27)
     }
 
 
