@@ -19,7 +19,7 @@ be added while the profiler is still running: metadata added after the profiler 
 silently dropped from the export.
 
 torch and transformers are imported lazily, so importing this module is cheap; calling
-:func:`collect_torch` needs the ``collect`` extra (``pip install 'diagnose-llm[collect]'``, or ``pip install '.[collect]'`` from a checkout).
+:func:`collect_torch` needs the ``collect`` extra (``pip install '.[collect]'`` in the project's checkout).
 """
 
 from __future__ import annotations

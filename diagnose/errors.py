@@ -1,13 +1,15 @@
 """User-facing errors: the CLI prints ``str(err)`` on one line and exits with status 2."""
 
-#: The distribution name on the package index (``diagnose`` there is an unrelated project);
-#: the import package and the command stay ``diagnose``.
+#: The distribution name (``diagnose`` on the package index is an unrelated project); the
+#: import package and the command stay ``diagnose``. It is not published on the package index:
+#: install hints name the checkout, never ``diagnose-llm[...]``.
 DIST_NAME = "diagnose-llm"
 
 
 def install_hint(extra: str) -> str:
-    """How to install an optional extra: by distribution name, or from a checkout."""
-    return f"pip install '{DIST_NAME}[{extra}]' (from a source checkout: pip install '.[{extra}]')"
+    """How to install an optional extra: from the project's checkout (the distribution is not
+    on the package index)."""
+    return f"pip install '.[{extra}]' in the project's checkout"
 
 
 class DiagnoseError(Exception):
