@@ -18,10 +18,16 @@ from diagnose.errors import DiagnoseError, install_hint
 
 
 def _run_fleet(paths, trace_dir, executor, scheduler, fmt, out_path, options, ruleset) -> None:
-    from diagnose.multi import analyze_many, discover
+    """Several traces (repeated --trace, --trace-dir, a tar archive of traces) as one fleet."""
+    from contextlib import ExitStack
 
+    from diagnose.archive import archive_traces, is_archive
+    from diagnose.multi import analyze_many, discover_with_skipped, relabel, sort_by_rank
+
+    skipped: list[tuple[str, str]] = []
     if trace_dir:
-        paths = paths + discover(trace_dir)
+        found, skipped = discover_with_skipped(trace_dir)
+        paths = paths + found
     seen: set[str] = set()
     unique = []
     for p in paths:
@@ -31,10 +37,24 @@ def _run_fleet(paths, trace_dir, executor, scheduler, fmt, out_path, options, ru
             continue
         seen.add(key)
         unique.append(p)
-    paths = unique
     if scheduler and executor == "auto":
         executor = "dask"
-    result = analyze_many(paths, options=options, executor=executor, scheduler=scheduler, lenient=options.lenient, ruleset=ruleset)
+    with ExitStack() as stack:  # archives are read from private temporary copies, removed on exit
+        paths, labels = [], {}
+        for p in unique:
+            if not is_archive(p):
+                paths.append(p)
+                continue
+            arch = stack.enter_context(archive_traces(p))
+            paths += sort_by_rank(arch.paths)  # in rank order, as --trace-dir
+            labels.update({q: arch.label(q) for q in arch.paths})
+            skipped += [(f"{p}:{name}", why) for name, why in arch.skipped]
+        if scheduler and labels:
+            raise DiagnoseError("a tar archive is read on this machine: unpack it where the Dask workers can read it "
+                                "and give --trace-dir")
+        result = analyze_many(paths, options=options, executor=executor, scheduler=scheduler, lenient=options.lenient,
+                              ruleset=ruleset, skipped=skipped)
+        relabel(result, labels)
     _emit_fleet(result, fmt, out_path)
 
 
@@ -106,8 +126,10 @@ def main() -> None:
 
 @main.command("run")
 @click.option("--trace", "trace_paths", multiple=True, metavar="FILE",
-              help="Kineto JSON (.json/.json.gz) or nsys SQLite (.sqlite) trace; repeat for several ranks.")
-@click.option("--trace-dir", default=None, metavar="DIR", help="A directory with one trace per rank (analysed in parallel).")
+              help="Kineto JSON (.json/.json.gz) or nsys SQLite (.sqlite) trace; repeat for several ranks. A tar "
+                   "archive of traces (.tar.gz, .tgz, .tar) is read as one trace per rank, like --trace-dir.")
+@click.option("--trace-dir", default=None, metavar="DIR",
+              help="A directory with one trace per rank (analysed in parallel); files left out are listed.")
 @click.option("--executor", type=click.Choice(["auto", "serial", "process", "dask"]), default="auto", show_default=True,
               help="How several traces are analysed: local processes by default, or a Dask cluster.")
 @click.option("--scheduler", default=None, metavar="ADDRESS",
@@ -132,7 +154,10 @@ def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: s
     device name, or --gpu / --peak-tflops / --bandwidth-tbps) and, for bytes, the model config
     (from trace metadata written by `diagnose collect`, or --model-config).
     """
-    if len(trace_paths) == 1 and not trace_dir and not scheduler:
+    from diagnose.archive import is_archive
+
+    archives = any(is_archive(p) for p in trace_paths)
+    if len(trace_paths) == 1 and not trace_dir and not scheduler and not archives:
         from diagnose.trace.reading import Prefetch, sniff
 
         try:  # read and gunzip while the analysis modules import (errors surface in the load)
@@ -148,9 +173,9 @@ def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: s
     ruleset = load_ruleset(rule_opts.rules_dir, rule_opts.rules_config, rule_opts.thresholds)
     if not trace_paths and not trace_dir:
         raise DiagnoseError("give --trace FILE (repeatable) or --trace-dir DIR")
-    if trace_dir or len(trace_paths) > 1 or scheduler:
+    if trace_dir or len(trace_paths) > 1 or scheduler or archives:
         if html_path:
-            raise DiagnoseError("--html applies to a single --trace")
+            raise DiagnoseError("--html applies to a single --trace" + (" (a tar archive holds one trace per rank)" if archives else ""))
         _run_fleet(list(trace_paths), trace_dir, executor, scheduler, fmt, out_path, options, ruleset)
         return
     trace_path = trace_paths[0]

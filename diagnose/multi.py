@@ -101,15 +101,32 @@ def _is_sidecar(path: str) -> bool:
 
 
 def discover(trace_dir: str) -> list[str]:
-    """Trace files directly in ``trace_dir`` (one per rank), sorted by rank.
+    """Trace files directly in ``trace_dir`` (one per rank), sorted by rank: the first part
+    of :func:`discover_with_skipped`, which also says what was left out and why.
+
+    Raises:
+        DiagnoseError: the directory is missing, unreadable, or holds no trace.
+    """
+    return discover_with_skipped(trace_dir)[0]
+
+
+def discover_with_skipped(trace_dir: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """Trace files directly in ``trace_dir`` (one per rank), sorted by rank, and the files
+    left out with the reason.
 
     Files: ``*.json``, ``*.json.gz`` (``*.pt.trace.json(.gz)`` included), ``*.sqlite``, and
     ``*.nsys-rep``/``*.qdrep`` that have no ``.sqlite`` export of the same name beside them.
-    Hidden files and small JSON sidecars without ``traceEvents`` are skipped.
+    Left out and listed: small JSON documents without ``traceEvents`` (sidecars such as vLLM's
+    execution_details.json), ``.nsys-rep`` files whose export is read instead, tar archives
+    (give them with ``--trace``), sub-directories and files of any other name. Hidden files
+    are left out without a word.
 
     Order: the rank in the file name (``rank-N``, ``rankN``, ``rank_N``) first, else the
     Kineto ``distributedInfo.rank`` found in the file's first 64 KiB; ranked files come first
     in rank order (ties by name), then the others by name.
+
+    Returns:
+        (trace paths, [(path, why left out)] in name order).
 
     Raises:
         DiagnoseError: the directory is missing, unreadable, or holds no trace.
@@ -122,7 +139,17 @@ def discover(trace_dir: str) -> list[str]:
         names = sorted(os.listdir(trace_dir))
     except OSError as e:
         raise DiagnoseError(f"{trace_dir}: cannot list ({e.strerror})") from None
-    files = [n for n in names if not n.startswith(".") and os.path.isfile(os.path.join(trace_dir, n))]
+    from diagnose.archive import is_archive
+
+    skipped: list[tuple[str, str]] = []
+    files = []
+    for n in names:
+        if n.startswith("."):
+            continue
+        if os.path.isfile(os.path.join(trace_dir, n)):
+            files.append(n)
+        elif os.path.isdir(os.path.join(trace_dir, n)):
+            skipped.append((os.path.join(trace_dir, n), "a directory (only files directly in --trace-dir are read)"))
     stems = {n[: -len(".sqlite")] for n in files if n.endswith(".sqlite")}
     found: list[str] = []
     for n in files:
@@ -130,18 +157,70 @@ def discover(trace_dir: str) -> list[str]:
         if n.endswith(_TRACE_SUFFIXES):
             if not _is_sidecar(p):
                 found.append(p)
-        elif n.endswith(_NSYS_REP_SUFFIXES) and n.rsplit(".", 1)[0] not in stems:
-            found.append(p)
+            else:
+                skipped.append((p, "JSON without traceEvents: not a trace (a sidecar)"))
+        elif n.endswith(_NSYS_REP_SUFFIXES):
+            if n.rsplit(".", 1)[0] not in stems:
+                found.append(p)
+            else:
+                skipped.append((p, "its .sqlite export beside it is read instead"))
+        elif is_archive(n):
+            skipped.append((p, "a tar archive: give it with --trace to read its traces"))
+        else:
+            skipped.append((p, "not a trace file name (*.json, *.json.gz, *.sqlite, *.nsys-rep)"))
+    skipped.sort()
     if not found:
-        raise DiagnoseError(f"{trace_dir}: no trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep)")
+        left = "; ".join(f"{os.path.basename(q)} ({why})" for q, why in skipped[:5])
+        raise DiagnoseError(f"{trace_dir}: no trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep)"
+                            + (f"; left out: {left}" if left else ""))
 
+    return sort_by_rank(found), skipped
+
+
+def sort_by_rank(paths: Sequence[str]) -> list[str]:
+    """Trace files in rank order: the rank in the file name (``rank-N``, ``rankN``,
+    ``rank_N``), else the Kineto ``distributedInfo.rank`` in the file's first 64 KiB; ranked
+    files first (ties by name), then the others by name."""
     def key(p: str) -> tuple:
         r = rank_from_name(p)
         if r is None:
             r = rank_from_head(p)
         return (0, r, os.path.basename(p)) if r is not None else (1, 0, os.path.basename(p))
 
-    return sorted(found, key=key)
+    return sorted(paths, key=key)
+
+
+def skipped_notes(skipped: Sequence[tuple[str, str]]) -> list[str]:
+    """Fleet notes for files left out of a run: one line naming each (at most 20, then a count)."""
+    out = [f"skipped {p}: {why}" for p, why in list(skipped)[:20]]
+    if len(skipped) > 20:
+        out.append(f"skipped {len(skipped) - 20} more file(s)")
+    return out
+
+
+def relabel(result: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    """Replace the paths of a fleet result (rows, reports, errors, stragglers) by the labels
+    they should be shown under (a member of an archive instead of its temporary copy)."""
+    if not labels:
+        return result
+
+    def fix(p: Any) -> Any:
+        return labels.get(p, p) if isinstance(p, str) else p
+
+    for row in result.get("ranks") or []:
+        row["path"] = fix(row.get("path"))
+    for s in result.get("stragglers") or []:
+        s["path"] = fix(s.get("path"))
+    for e in result.get("errors") or []:
+        e["path"] = fix(e.get("path"))
+        if isinstance(e.get("error"), str):
+            for tmp, label in labels.items():
+                e["error"] = e["error"].replace(tmp, label)
+    for r in result.get("reports") or []:
+        src = r.get("source")
+        if isinstance(src, dict):
+            src["path"] = fix(src.get("path"))
+    return result
 
 
 # ---------------------------------------------------------------- one trace
@@ -408,7 +487,8 @@ def _notes(rows: list[dict[str, Any]], n_traces: int) -> list[str]:
 
 
 def analyze_many(paths: str | Sequence[str], options: Any = None, executor: str = "auto",
-                 scheduler: Any = None, workers: int | None = None, lenient: bool = False, ruleset: Any = None) -> dict[str, Any]:
+                 scheduler: Any = None, workers: int | None = None, lenient: bool = False, ruleset: Any = None,
+                 skipped: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
     """Analyse every trace and merge the reports into one fleet result.
 
     Args:
@@ -424,20 +504,28 @@ def analyze_many(paths: str | Sequence[str], options: Any = None, executor: str 
         workers: process pool size (default: CPU count, at most one per trace), or the number of
             local Dask workers when ``scheduler`` is None.
         lenient: Kineto only: repair numbers written with a decimal comma.
+        skipped: (path, why) of files left out before the call (a directory's sidecars, an
+            archive's other members); a directory given as ``paths`` adds its own.
 
     Returns:
         ``{"schema_version", "executor", "workers", "elapsed_s", "ranks": [summary rows],
         "stragglers": [...], "straggler_rule": {...}, "notes": [...], "errors": [...],
-        "reports": [full per-rank reports]}``. ``ranks`` and ``reports`` hold the traces that
+        "skipped": [{"path", "why"}], "reports": [full per-rank reports]}``; each skipped file
+        is also a note. ``ranks`` and ``reports`` hold the traces that
         were analysed, in the same order; ``errors`` holds ``{rank, path, error}`` for the others.
         Straggler rule: see :func:`find_stragglers` and ``STRAGGLER_DEFINITION``.
 
     Raises:
         DiagnoseError: no traces, unknown executor, Dask missing or unreachable.
     """
+    skipped = list(skipped)
     if isinstance(paths, (str, os.PathLike)):
         p = os.fspath(paths)
-        paths = discover(p) if os.path.isdir(p) else [p]
+        if os.path.isdir(p):
+            paths, more = discover_with_skipped(p)
+            skipped += more
+        else:
+            paths = [p]
     paths = [os.fspath(p) for p in paths]
     if not paths:
         raise DiagnoseError("no trace files to analyse")
@@ -454,7 +542,10 @@ def analyze_many(paths: str | Sequence[str], options: Any = None, executor: str 
     else:
         results, n_workers = _run_dask(paths, options, lenient, scheduler, workers, ruleset)
     elapsed = time.perf_counter() - t0
-    return _fleet_result(results, kind, n_workers, elapsed, len(paths))
+    result = _fleet_result(results, kind, n_workers, elapsed, len(paths))
+    result["skipped"] = [{"path": p, "why": why} for p, why in skipped]
+    result["notes"] += skipped_notes(skipped)
+    return result
 
 
 def _fleet_result(results: list[dict[str, Any]], kind: str, n_workers: int | None, elapsed: float,
@@ -484,6 +575,7 @@ def _fleet_result(results: list[dict[str, Any]], kind: str, n_workers: int | Non
         "notes": _notes(rows, n_traces),
         "errors": errors,
         "failed": len(errors),
+        "skipped": [],
         "reports": reports,
     }
 

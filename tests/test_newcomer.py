@@ -157,3 +157,185 @@ def test_bounds_kv_cache_defaults_to_the_models_dtype(tmp_path):
     # the flag wins
     m = _bounds_json("--model-config", "llama-3.1-8b", "--kv-dtype", "int8")["model"]
     assert (m["kv_dtype"], m["kv_dtype_source"], m["kv_bytes_per_token"]) == ("int8", "--kv-dtype", 65_536)
+
+
+# ------------------------------------------------------------------ tar archives of traces
+
+import io  # noqa: E402
+import os  # noqa: E402
+import tarfile  # noqa: E402
+
+import pytest  # noqa: E402
+
+from conftest import ROOT  # noqa: E402
+
+DLRM = "param/et_replay_tests_inputs/dlrm_kineto.tar.gz"
+SAMPLE_DIR = ROOT / "samples" / "tracelens"
+
+
+def _run_json(*args):
+    r = CliRunner().invoke(main, ["run", *args, "--format", "json"])
+    return r, (json.loads(r.output[r.output.index("{"):]) if "{" in r.output else None)
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """Temporary directories of the run go under tmp_path/t, to see what is left behind."""
+    import tempfile
+
+    t = tmp_path / "t"
+    t.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(t))
+    return t
+
+
+def test_dlrm_archive_is_read_as_a_fleet_in_rank_order(private_tmp):
+    """The real 8-rank DLRM archive (param's et_replay inputs): one row per rank, ranks 0-7 from
+    each trace's distributedInfo, shown as archive:member, nothing left on disk."""
+    path = str(shared_trace(DLRM))
+    r, d = _run_json("--trace", path, "--executor", "serial")
+    assert r.exit_code == 0, r.output
+    assert [row["rank"] for row in d["ranks"]] == list(range(8))
+    names = [row["path"] for row in d["ranks"]]
+    assert names[0] == f"{path}:dlrm_kineto/worker0_step_12.1694128201545.pt.trace.json"
+    assert all(n.startswith(path + ":dlrm_kineto/worker") for n in names)
+    assert [rep["source"]["path"] for rep in d["reports"]] == names
+    assert d["skipped"] == [] and d["errors"] == []
+    assert list(private_tmp.iterdir()) == []  # the copies are gone
+
+
+def _tar(path, members, mode="w:gz"):
+    """Write a tar archive: members are (name, bytes) files, or TarInfo objects for links/dirs."""
+    with tarfile.open(path, mode) as tf:
+        for m in members:
+            if isinstance(m, tarfile.TarInfo):
+                tf.addfile(m)
+            else:
+                name, data = m
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _sample_bytes():
+    return ((SAMPLE_DIR / "vllm_decode_mi300x.json.gz").read_bytes(),
+            (SAMPLE_DIR / "torch_compile_prefill_mi300x.json.gz").read_bytes())
+
+
+def test_archive_members_cannot_escape_and_what_is_left_out_is_listed(tmp_path, private_tmp):
+    vllm, compile_ = _sample_bytes()
+    link = tarfile.TarInfo("traces/link.json")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    folder = tarfile.TarInfo("traces")
+    folder.type = tarfile.DIRTYPE
+    arch = _tar(tmp_path / "odd.tgz", [
+        folder,
+        ("traces/../../escaped.json.gz", vllm),     # a name that climbs out
+        ("/abs/rank1.json.gz", compile_),           # an absolute name
+        ("traces/README.txt", b"notes"),
+        ("traces/.hidden.json", b"{}"),
+        link,
+    ])
+    r, d = _run_json("--trace", str(arch), "--executor", "serial")
+    assert r.exit_code == 0, r.output
+    assert sorted(row["path"] for row in d["ranks"]) == [f"{arch}:/abs/rank1.json.gz", f"{arch}:traces/../../escaped.json.gz"]
+    assert d["skipped"] == [
+        {"path": f"{arch}:traces/README.txt", "why": "not a trace file name (*.json, *.json.gz, *.sqlite)"},
+        {"path": f"{arch}:traces/.hidden.json", "why": "a hidden file"},
+        {"path": f"{arch}:traces/link.json", "why": "a link (not followed)"},
+    ]
+    assert f"skipped {arch}:traces/link.json: a link (not followed)" in d["notes"]
+    assert not (tmp_path.parent / "escaped.json.gz").exists() and not (tmp_path / "escaped.json.gz").exists()
+    assert not os.path.exists("/abs/rank1.json.gz")
+    assert list(private_tmp.iterdir()) == []
+    # rank order as in --trace-dir: the vLLM sample's distributedInfo says rank 0, the other's name rank 1
+    assert [(row["rank"], row["rank_source"]) for row in d["ranks"]] == [(0, "trace"), (1, "filename")]
+
+
+def test_archive_bombs_and_floods_are_refused_before_copying(tmp_path, monkeypatch, private_tmp):
+    import diagnose.archive as archive
+    import diagnose.trace.reading as reading
+
+    # declared sizes over the inflate limit (floor lowered to 1 MiB; 4 MiB of zeros, ~4 KB compressed)
+    monkeypatch.setattr(reading, "INFLATE_FLOOR_BYTES", 2**20)
+    bomb = _tar(tmp_path / "bomb.tar.gz", [("zeros.json", bytes(4 * 2**20))])
+    assert bomb.stat().st_size < 20_000
+    r = CliRunner().invoke(main, ["run", "--trace", str(bomb)])
+    assert r.exit_code == 2 and r.output.count("\n") == 1
+    assert "entries add up to more than 1 MB" in r.output and "decompression bomb" in r.output
+    assert list(private_tmp.iterdir()) == []
+    monkeypatch.setattr(reading, "INFLATE_FLOOR_BYTES", 64 * 2**20)
+    # too many entries
+    monkeypatch.setattr(archive, "MAX_MEMBERS", 3)
+    many = _tar(tmp_path / "many.tar", [(f"r{i}.txt", b"x") for i in range(5)], mode="w")
+    r = CliRunner().invoke(main, ["run", "--trace", str(many)])
+    assert r.exit_code == 2 and "more than 3 entries" in r.output and r.output.count("\n") == 1
+
+
+def test_not_an_archive_and_no_trace_inside_say_so(tmp_path):
+    fake = tmp_path / "fake.tar.gz"
+    fake.write_bytes((SAMPLE_DIR / "vllm_decode_mi300x.json.gz").read_bytes())  # gzip, but not tar
+    r = CliRunner().invoke(main, ["run", "--trace", str(fake)])
+    assert r.exit_code == 2 and r.output == (f"error: {fake}: not a readable tar archive (plain, gzip, bzip2 or xz); if it "
+                                             "holds traces, unpack it and give them with --trace-dir\n")
+    empty = _tar(tmp_path / "notes.tar.gz", [("notes.txt", b"hello")])
+    r = CliRunner().invoke(main, ["run", "--trace", str(empty)])
+    assert r.exit_code == 2
+    assert r.output == f"error: {empty}: no trace in the archive (notes.txt (not a trace file name (*.json, *.json.gz, *.sqlite)))\n"
+
+
+def test_truncated_archive_is_one_line(tmp_path, private_tmp):
+    data = shared_trace(DLRM).read_bytes()
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    r = CliRunner().invoke(main, ["run", "--trace", str(cut)])
+    assert r.exit_code == 2 and r.output.count("\n") == 1
+    assert r.output.startswith(f"error: {cut}: corrupt or truncated tar archive (")
+    assert list(private_tmp.iterdir()) == []
+
+
+def test_commands_that_take_one_trace_say_unpack_it(tmp_path):
+    arch = _tar(tmp_path / "two.tar.gz", [("a.json.gz", _sample_bytes()[0]), ("b.json.gz", _sample_bytes()[1])])
+    for cmd in (["gate", "--trace", str(arch)], ["compare", "--baseline", str(arch), "--candidate", str(arch)]):
+        r = CliRunner().invoke(main, cmd)
+        assert r.exit_code == 2 and r.output.count("\n") == 1, (cmd, r.output)
+        assert "a tar archive of traces, not one trace" in r.output and "unpack it (tar xf)" in r.output
+    r = CliRunner().invoke(main, ["run", "--trace", str(arch), "--html", str(tmp_path / "x.html")])
+    assert r.exit_code == 2 and "a tar archive holds one trace per rank" in r.output
+
+
+# ------------------------------------------------------------------ --trace-dir: what is left out
+
+
+def test_trace_dir_lists_what_it_leaves_out(tmp_path):
+    vllm, compile_ = _sample_bytes()
+    (tmp_path / "rank-0.json.gz").write_bytes(vllm)
+    (tmp_path / "rank-1.json.gz").write_bytes(compile_)
+    (tmp_path / "execution_details.json").write_bytes(
+        shared_trace("tracelens/vllm_decode_full/execution_details.json").read_bytes())  # vLLM's sidecar
+    (tmp_path / "notes.txt").write_text("run notes")
+    (tmp_path / ".DS_Store").write_bytes(b"\0")
+    (tmp_path / "old").mkdir()
+    _tar(tmp_path / "more.tar.gz", [("rank-2.json.gz", vllm)])
+    r = CliRunner().invoke(main, ["run", "--trace-dir", str(tmp_path), "--executor", "serial", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert [row["rank"] for row in d["ranks"]] == [0, 1]
+    assert d["skipped"] == [
+        {"path": str(tmp_path / "execution_details.json"), "why": "JSON without traceEvents: not a trace (a sidecar)"},
+        {"path": str(tmp_path / "more.tar.gz"), "why": "a tar archive: give it with --trace to read its traces"},
+        {"path": str(tmp_path / "notes.txt"), "why": "not a trace file name (*.json, *.json.gz, *.sqlite, *.nsys-rep)"},
+        {"path": str(tmp_path / "old"), "why": "a directory (only files directly in --trace-dir are read)"},
+    ]
+    text = CliRunner().invoke(main, ["run", "--trace-dir", str(tmp_path), "--executor", "serial"]).output
+    assert f"note: skipped {tmp_path / 'execution_details.json'}: JSON without traceEvents: not a trace (a sidecar)" in \
+        " ".join(text.split())
+    # nothing but left-out files: the error says what was there
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "notes.txt").write_text("x")
+    r = CliRunner().invoke(main, ["run", "--trace-dir", str(only)])
+    assert r.exit_code == 2 and r.output == (f"error: {only}: no trace files (*.json, *.json.gz, *.sqlite, *.nsys-rep); "
+                                             "left out: notes.txt (not a trace file name (*.json, *.json.gz, *.sqlite, "
+                                             "*.nsys-rep))\n")

@@ -34,7 +34,8 @@ def sniff(path: str) -> str:
     "nsys-rep" or "kineto".
 
     Raises:
-        TraceFormatError: missing, a directory, unreadable, or a .sqlite that is not SQLite.
+        TraceFormatError: missing, a directory, unreadable, a .sqlite that is not SQLite, or
+            a tar archive (``diagnose run`` reads those itself, :mod:`diagnose.archive`).
     """
     if not os.path.exists(path):
         raise TraceFormatError(f"{path}: no such file")
@@ -51,6 +52,9 @@ def sniff(path: str) -> str:
         raise TraceFormatError(f"{path}: not an SQLite database (expected an nsys SQLite export)")
     if path.endswith((".nsys-rep", ".qdrep")):
         return "nsys-rep"
+    if path.lower().endswith((".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")):
+        raise TraceFormatError(f"{path}: a tar archive of traces, not one trace: `diagnose run --trace {path}` reads "
+                               "it as one trace per rank; for other commands unpack it (tar xf) and give one trace")
     return "kineto"
 
 
