@@ -294,7 +294,7 @@ def describe_peak(gpu: dict[str, Any]) -> str:
     row name, dense FP16/BF16 TFLOP/s, TB/s and how the row was chosen, e.g. "MI300X:
     1307.4 TFLOP/s dense FP16/BF16, 5.3 TB/s; from --gpu MI300X"."""
     def num(v: Any, unit: str) -> str:
-        return f"{v:g} {unit}" if isinstance(v, (int, float)) else f"{unit} unknown"
+        return f"{v:g} {unit}" if isinstance(v, (int, float)) else f"? {unit}"  # a peak no flag gave
 
     how = gpu.get("selection") or gpu.get("source") or ""
     over = [o for o in gpu.get("overrides") or [] if gpu.get("name") != "custom"]
@@ -312,6 +312,11 @@ def describe_devices(devices: Iterable[dict[str, Any]], gpu: dict[str, Any] | No
     for x in devices:
         name = x.get("name")
         if not name:
-            name = f"(unnamed in the trace; peaks of {gpu.get('name')})" if gpu and gpu.get("name") else "(unnamed)"
+            if not gpu or not gpu.get("name"):
+                name = "(unnamed)"
+            elif gpu["name"] == "custom":
+                name = "(unnamed in the trace; peaks from --peak-tflops/--bandwidth-tbps)"
+            else:
+                name = f"(unnamed in the trace; peaks of {gpu['name']})"
         out.append(f"{x.get('id')}: {name}")
     return ", ".join(out)

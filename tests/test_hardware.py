@@ -282,3 +282,20 @@ def test_cli_shows_the_chosen_device_wherever_a_peak_is_used(monkeypatch) -> Non
     assert b.exit_code == 0, b.output
     assert "Device H100-SXM: 989.4 TFLOP/s dense FP16/BF16, 3.35 TB/s; ridge point 295.3 FLOP/B. Chosen by --gpu H100, " \
            "taken as H100-SXM; for the PCIe card give --gpu H100-PCIe" in " ".join(b.output.split())
+
+
+def test_describe_devices_and_peaks() -> None:
+    from diagnose.hardware import describe_devices, describe_peak
+
+    devs = [{"id": 2, "name": ""}, {"id": 3, "name": "AMD Instinct MI300X"}]
+    assert describe_devices(devs) == "2: (unnamed), 3: AMD Instinct MI300X"
+    mi = peak_from_overrides(gpu="MI300X").to_dict()
+    assert describe_devices(devs, mi) == "2: (unnamed in the trace; peaks of MI300X), 3: AMD Instinct MI300X"
+    custom = peak_from_overrides(peak_tflops=1000, bandwidth_tbps=5).to_dict()
+    assert describe_devices(devs[:1], custom) == "2: (unnamed in the trace; peaks from --peak-tflops/--bandwidth-tbps)"
+    assert describe_peak(custom) == "custom: 1000 TFLOP/s dense FP16/BF16, 5 TB/s; from --peak-tflops/--bandwidth-tbps"
+    over = peak_from_overrides(gpu="H100-SXM", bandwidth_tbps=3.0).to_dict()
+    assert describe_peak(over) == ("H100-SXM: 989.4 TFLOP/s dense FP16/BF16, 3 TB/s; from --gpu H100-SXM; flags override "
+                                   "memory_bandwidth_tbps")
+    partial = peak_from_overrides(bandwidth_tbps=2).to_dict()
+    assert describe_peak(partial) == "custom: ? TFLOP/s dense FP16/BF16, 2 TB/s; from --peak-tflops/--bandwidth-tbps"
