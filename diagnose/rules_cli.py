@@ -137,6 +137,10 @@ def _gate(trace_path, phases, max_launch_gap_share, max_idle_share, fail_on, all
         return res.exit_code
     src = report.get("source") or {}
     _echo(f"gate: {src.get('path', trace_path)} ({src.get('format', '?')}), device {_fmt(res.findings.get('trace.device'))}")
+    if report.get("gpu"):
+        from diagnose.hardware import describe_peak
+
+        _echo(f"peaks: {describe_peak(report['gpu'])}")
     for c in gate_checks:
         tag = {"pass": "PASS", "fail": "FAIL", "skipped": "SKIP"}[c["status"]]
         _echo(f"  {tag:<5} {c['message']}")

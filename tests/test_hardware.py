@@ -278,6 +278,10 @@ def test_cli_shows_the_chosen_device_wherever_a_peak_is_used(monkeypatch) -> Non
     assert bad.output.startswith("error: unknown GPU 'H10': did you mean H100-SXM, H100-PCIe, ")
     assert bad.output.count("\n") == 1
 
+    g = CliRunner().invoke(main, ["gate", "--trace", sample, "--gpu", "H100"])
+    assert g.output.splitlines()[1] == ("peaks: H100-SXM: 989.4 TFLOP/s dense FP16/BF16, 3.35 TB/s; from --gpu H100, taken as "
+                                        "H100-SXM; for the PCIe card give --gpu H100-PCIe (the H100 NVL is not in the table)")
+
     b = CliRunner().invoke(main, ["bounds", "--model-config", "llama-3.1-8b", "--gpu", "H100", "--batch", "1"])
     assert b.exit_code == 0, b.output
     assert "Device H100-SXM: 989.4 TFLOP/s dense FP16/BF16, 3.35 TB/s; ridge point 295.3 FLOP/B. Chosen by --gpu H100, " \
