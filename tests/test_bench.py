@@ -163,6 +163,7 @@ def test_decode_step_runs_at_exactly_the_context():
             assert int(cache.get_seq_length()) == context
 
 
+@pytest.mark.slow  # runs the benchmark's models on CPU
 def test_chunked_fill_matches_one_forward(monkeypatch):
     monkeypatch.setattr(bench, "FILL_TOKENS_PER_FORWARD", 14)  # 7 tokens per sequence per forward
     torch.manual_seed(0)

@@ -207,6 +207,7 @@ def test_shared_trace_chunked_path_is_taken(path, monkeypatch):
     assert_same(default, chunked)
 
 
+@pytest.mark.slow  # every loader path on a 1.8 MB corpus file
 def test_control_trace_exact_numbers_on_every_path(monkeypatch, fork_allowed):
     path = str(shared_trace("hta/trace_diff/control.json.gz"))
 
@@ -562,7 +563,12 @@ ODD_EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(ODD_EXPECTED))
+#: Odd inputs whose every-path check stays in the inner loop; the others are marked slow.
+FAST_ODD_CASES = {"begin_end", "invalid_utf8", "json_cut"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=() if c in FAST_ODD_CASES else pytest.mark.slow)
+                                  for c in sorted(ODD_EXPECTED)])
 def test_odd_inputs_same_on_every_path_and_buffer_type(kineto, monkeypatch, fork_allowed, case):
     """bytes or bytearray (load_kineto accepts both from callers), whole-document or
     forced chunking on 1 or 2 workers: one result, or one error."""

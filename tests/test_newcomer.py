@@ -4,11 +4,15 @@ the model's dtype."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import os
+import tarfile
 
+import pytest
 from click.testing import CliRunner
 
-from conftest import shared_trace
+from conftest import ROOT, shared_trace
 from diagnose.cli import main
 from diagnose.pipeline import run_analysis
 
@@ -20,17 +24,18 @@ def _notes(a, code):
 # ------------------------------------------------------------------ PyTorch <= 1.9 traces
 
 
-def test_pt19_training_traces_say_training_by_their_legacy_backward_names():
+@pytest.mark.parametrize("rel", [
+    "kineto-tb-plugin/resnet50_num_workers_0_pt1.9/worker0.1623143089861.pt.trace.json.gz",
+    pytest.param("kineto-tb-plugin/resnet50_num_workers_0_pt1.8/worker0.pt.trace.json.gz", marks=pytest.mark.slow)])
+def test_pt19_training_traces_say_training_by_their_legacy_backward_names(rel):
     """PyTorch 1.8/1.9 name backward work by its autograd node (`CudnnConvolutionBackward`) and
     aten op (`aten::nll_loss_backward`), with no `autograd::engine::evaluate_function` range:
     the two ResNet-50 training traces are training traces, not traces "missing markers"."""
-    for rel in ("kineto-tb-plugin/resnet50_num_workers_0_pt1.9/worker0.1623143089861.pt.trace.json.gz",
-                "kineto-tb-plugin/resnet50_num_workers_0_pt1.8/worker0.pt.trace.json.gz"):
-        a = run_analysis(str(shared_trace(rel)))
-        assert _notes(a, "training_trace") == [
-            "autograd backward ops in the trace (e.g. 'aten::nll_loss_backward'): a training step, not inference; "
-            "phase 'unknown'"], rel
-        assert not _notes(a, "missing_markers") and len(a.steps) == 0
+    a = run_analysis(str(shared_trace(rel)))
+    assert _notes(a, "training_trace") == [
+        "autograd backward ops in the trace (e.g. 'aten::nll_loss_backward'): a training step, not inference; "
+        "phase 'unknown'"]
+    assert not _notes(a, "missing_markers") and len(a.steps) == 0
 
 
 def _legacy_without_backward(tmp_path):
@@ -47,6 +52,7 @@ def _legacy_without_backward(tmp_path):
     return p
 
 
+@pytest.mark.slow  # rewrites and analyses a 33k-operator trace
 def test_legacy_trace_without_markers_says_why(tmp_path):
     a = run_analysis(str(_legacy_without_backward(tmp_path)))
     assert _notes(a, "missing_markers") == [
@@ -161,13 +167,6 @@ def test_bounds_kv_cache_defaults_to_the_models_dtype(tmp_path):
 
 # ------------------------------------------------------------------ tar archives of traces
 
-import io  # noqa: E402
-import os  # noqa: E402
-import tarfile  # noqa: E402
-
-import pytest  # noqa: E402
-
-from conftest import ROOT  # noqa: E402
 
 DLRM = "param/et_replay_tests_inputs/dlrm_kineto.tar.gz"
 SAMPLE_DIR = ROOT / "samples" / "tracelens"
@@ -189,6 +188,7 @@ def private_tmp(tmp_path, monkeypatch):
     return t
 
 
+@pytest.mark.slow  # analyses the 8 ranks
 def test_dlrm_archive_is_read_as_a_fleet_in_rank_order(private_tmp):
     """The real 8-rank DLRM archive (param's et_replay inputs): one row per rank, ranks 0-7 from
     each trace's distributedInfo, shown as archive:member, nothing left on disk."""

@@ -19,7 +19,8 @@ def _generator():
     return mod
 
 
-@pytest.mark.parametrize("rel", ["tracelens/vllm_decode_full/graph_execution.json.gz", "tracelens/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"])
+@pytest.mark.parametrize("rel", ["tracelens/vllm_decode_full/graph_execution.json.gz",
+                                 pytest.param("tracelens/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", marks=pytest.mark.slow)])
 def test_replicated_trace_scales(tmp_path, rel):
     src = shared_trace(rel)
     out = tmp_path / "x3.json.gz"
@@ -49,6 +50,7 @@ def test_replicated_trace_scales(tmp_path, rel):
     assert b.gaps["ms_by_kind"]["launch"] >= 3 * a.gaps["ms_by_kind"]["launch"] - 1e-5
 
 
+@pytest.mark.slow  # a replicated trace decoded whole and in slices
 def test_chunked_decode_equals_whole_document(tmp_path, monkeypatch):
     src = shared_trace("hta/trace_diff/control.json.gz")
     whole = run_analysis(str(src))
