@@ -220,6 +220,7 @@ def test_static_cache_decode_matches_dynamic_cache():
     assert int(cache.get_seq_length()) == 8 + 4
 
 
+@pytest.mark.slow  # saves and reloads a model, then runs it on CPU
 def test_model_from_local_directory(tmp_path):
     model = tc._build_model(presets.get_preset("tiny"), None, "cpu", torch.float32)
     model.save_pretrained(tmp_path / "tiny-model")
