@@ -24,6 +24,8 @@ from conftest import ROOT, SHARED_TRACES
 from diagnose.cli import main
 
 GOLDEN = Path(__file__).parent / "golden"
+#: The flat findings of each golden report (the rules' namespace), numbers only.
+FINDINGS_GOLDEN = GOLDEN / "findings"
 SAMPLES = ROOT / "samples"
 
 #: (golden name, path, extra CLI arguments). Shared traces are found relative to
@@ -81,19 +83,21 @@ def normalize(obj, root_paths: tuple[tuple[str, str], ...]):
     return obj
 
 
-def report_for(path: Path, extra: tuple[str, ...]) -> dict:
+def report_for(path: Path, extra: tuple[str, ...]) -> tuple[dict, dict]:
+    """(the report without its ``findings``, the findings): both normalized."""
     r = CliRunner().invoke(main, ["run", "--trace", str(path), "--format", "json", *extra])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
+    findings = d.pop("findings", None)
+    if findings is None:  # reports before the model shipped its findings
+        from diagnose.findings import findings_from_report
+        findings = findings_from_report(d)
     roots = ((str(SHARED_TRACES) + "/", "<shared>/"), (str(ROOT) + "/", "<project>/"))
-    return normalize(d, roots)
+    return normalize(d, roots), normalize(findings, roots)
 
 
-@pytest.mark.parametrize("name,path,extra", CASES, ids=[c[0] for c in CASES])
-def test_golden_report(name, path, extra, request):
-    got = report_for(path, extra)
-    golden = GOLDEN / f"{name}.json"
-    text = json.dumps(got, indent=1, sort_keys=False, ensure_ascii=False) + "\n"
+def _check(golden: Path, got, request, sort_keys: bool = False) -> None:
+    text = json.dumps(got, indent=1, sort_keys=sort_keys, ensure_ascii=False) + "\n"
     if request.config.getoption("--update-golden"):
         golden.write_text(text, encoding="utf-8")
         return
@@ -106,9 +110,18 @@ def test_golden_report(name, path, extra, request):
                     + "\n".join(diffs[:40]))
 
 
+@pytest.mark.parametrize("name,path,extra", CASES, ids=[c[0] for c in CASES])
+def test_golden_report(name, path, extra, request):
+    """The whole report (prose and numbers) and, in a separate golden, its flat findings
+    (numbers only: a wording change does not churn them)."""
+    report, findings = report_for(path, extra)
+    _check(GOLDEN / f"{name}.json", report, request)
+    _check(FINDINGS_GOLDEN / f"{name}.json", findings, request, sort_keys=True)
+
+
 def test_every_golden_file_has_a_case():
     names = {c[0] for c in CASES}
-    stale = sorted(p.stem for p in GOLDEN.glob("*.json") if p.stem not in names)
+    stale = sorted(p.stem for d in (GOLDEN, FINDINGS_GOLDEN) for p in d.glob("*.json") if p.stem not in names)
     if SHARED_TRACES.exists():
         assert not stale, f"golden files without a trace: {stale}"
 
