@@ -1,0 +1,537 @@
+"""The report model: frozen ``msgspec.Struct`` records of everything ``diagnose run`` reports.
+
+One shape for the numbers from the analyzers to every view. The analyzers build these records
+(:mod:`diagnose.analyzers`), the findings layer flattens them into the rules' namespace
+(:func:`diagnose.findings.flatten`), the pipeline attaches the verdicts
+(:func:`diagnose.pipeline.attach_verdicts`) and the views format them. The JSON report is
+``msgspec.json.encode(report)``; :func:`decode_report` reads a saved report back into a
+:class:`Report`; the JSON Schema shipped as ``diagnose/data/report.schema.json`` is generated
+from these classes (:func:`report_schema`, ``python -m diagnose.model``).
+
+Conventions:
+
+* Python field names carry their unit (``window_ms``, ``gpu_idle_share``, ``p50_ms``); where
+  the JSON key of the report contract has none (``p50``, ``ms``, ``share``, ``steps``), the
+  field keeps the JSON key through ``msgspec.field(name=...)``, so the contract (README "JSON
+  report") does not change.
+* Shares are fractions in [0, 1] (:data:`Share`); times in ms unless the name says otherwise.
+* A key the report writes only sometimes (``capture``, ``forward_coverage``, the verdicts
+  before :func:`~diagnose.pipeline.attach_verdicts` ran) is ``UNSET`` when absent: it is
+  left out of the JSON, never written as null.
+
+Adding a report section: add a Struct here and a field for it on :class:`Report` (``UNSET``
+by default if not every report has it), have an analyzer return it and wire it in
+:func:`diagnose.analyzers.analyze`, then regenerate the schema (``python -m diagnose.model``)
+and the goldens (``pytest tests/test_golden.py --update-golden``: additions only).
+"""
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, Union
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType, field
+
+from diagnose import vocab
+
+SCHEMA_VERSION = 2
+
+# ---------------------------------------------------------------- value types
+
+Share = Annotated[float, Meta(ge=0, le=1, description="fraction in [0, 1]")]
+NonNegative = Annotated[float, Meta(ge=0)]
+Number = Union[int, float]
+
+PhaseName = Literal[vocab.PHASES]  # type: ignore[valid-type]
+StepPhase = Literal[vocab.STEP_PHASES]  # type: ignore[valid-type]
+GapKind = Literal[vocab.GAP_KINDS]  # type: ignore[valid-type]
+GapCause = Literal[vocab.GAP_CAUSES]  # type: ignore[valid-type]
+Category = Literal[vocab.CATEGORIES]  # type: ignore[valid-type]
+Severity = Literal[vocab.SEVERITIES]  # type: ignore[valid-type]
+Bound = Literal["compute", "memory"]
+
+#: The rules' flat namespace: ``{dotted name: number or None}`` (:mod:`diagnose.findings`).
+Findings = dict[str, Union[int, float, None]]
+
+
+class Record(Struct, frozen=True, kw_only=True):
+    """Base of every report record: frozen, keyword-only, encoded in field order."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """This record as JSON-able builtins (what the JSON report holds)."""
+        return msgspec.to_builtins(self, enc_hook=_enc_hook)
+
+
+# ---------------------------------------------------------------- trace and setup
+
+
+class Source(Record, kw_only=True):
+    """The analysed file."""
+
+    path: str
+    format: Literal["kineto-json", "nsys-sqlite"]
+
+
+class Device(Record, kw_only=True):
+    """A GPU with activity in the trace (``name`` empty when the trace names none)."""
+
+    id: int
+    name: str
+
+
+class Gpu(Record, kw_only=True):
+    """The device peaks MFU/MBU are measured against (``diagnose/data/gpus.yaml`` or flags)."""
+
+    name: str
+    peak_tflops: float | None
+    peak_tbps: float | None
+    ridge_flop_per_byte: float | None
+    source: str
+    overrides: list[str]
+
+
+class ModelInfo(Record, kw_only=True):
+    """The model config the analytic bounds come from (one rank's bytes under tensor parallelism)."""
+
+    name: str
+    source: str | None
+    params_total: int
+    params_active_per_token: int
+    weight_dtype: str | None
+    weight_format: str
+    weight_bytes: int
+    kv_dtype: str | None
+    kv_bytes_per_token: int
+    tp: int
+    tp_source: str | None
+
+
+class QualityIssue(Record, kw_only=True):
+    """Something suspect about the input (codes: :data:`diagnose.vocab.QUALITY_CODES`)."""
+
+    code: str
+    message: str
+    count: int | UnsetType = UNSET
+
+
+class Launches(Record, kw_only=True):
+    """Host launch calls, CUDA/HIP graph launches and their coverage."""
+
+    host_launch_calls: int
+    graph_launches: int
+    graph_launches_with_activity: int
+    graph_coverage: Share | None
+    kernels_per_graph_launch_max: int | None
+    inductor_kernels: int
+    fused_attention_share: Share | None
+
+
+class Capture(Record, kw_only=True):
+    """What ``--capture-trace`` mapped (every key absent but ``path`` for an nsys trace)."""
+
+    path: str | UnsetType = UNSET
+    files: list[str] | UnsetType = UNSET
+    batch_sizes: list[int | None] | UnsetType = UNSET
+    modes: list[str | None] | UnsetType = UNSET
+    windows: int | UnsetType = UNSET
+    graph_launches: int | UnsetType = UNSET
+    graph_launches_matched: int | UnsetType = UNSET
+    graph_launches_matched_by_count_only: int | UnsetType = UNSET
+    notes: list[str] | UnsetType = UNSET
+    kernels_mapped: int | UnsetType = UNSET
+
+
+# ---------------------------------------------------------------- phases
+
+
+class GapDistribution(Record, kw_only=True):
+    """count, total and percentiles of a gap sample, in µs (None when empty)."""
+
+    count: int
+    total_us: float
+    p50_us: float | None
+    p90_us: float | None
+    p99_us: float | None
+    max_us: float | None
+
+
+class Gap(Record, kw_only=True):
+    """One idle gap (README "Gaps and their causes")."""
+
+    start_ms: float  # from the trace start
+    duration_ms: NonNegative = field(name="ms")
+    kind: GapKind
+    cause: GapCause
+    host_call: str | None
+    waited_on: str | None
+    next: str
+
+
+class Gaps(Record, kw_only=True):
+    """Idle gaps of a phase: distributions, time and count per kind, the longest ones."""
+
+    launch: GapDistribution
+    all: GapDistribution
+    ms_by_kind: dict[GapKind, float]
+    count_by_kind: dict[GapKind, int]
+    longest: list[Gap]
+
+
+class TopKernel(Record, kw_only=True):
+    """A kernel name of a phase, by summed time."""
+
+    name: str
+    category: Category
+    count: int
+    total_ms: float
+    kernel_time_share: Share | None = field(name="share")
+
+
+#: The roofline fields of a phase row, in report order (:class:`Attainment`).
+ATTAINMENT_FIELDS = ("flops", "bytes", "achieved_tflops", "achieved_tbps", "mfu", "mbu", "arithmetic_intensity",
+                     "bound", "bound_ratio", "peak_tflops", "peak_tbps", "flops_source", "bytes_source",
+                     "forward_coverage", "bound_s", "attainment_missing")
+
+
+class Attainment(Record, kw_only=True):
+    """Measured attainment of one phase (:mod:`diagnose.analyzers.attainment`): FLOPs and bytes
+    of its steps, achieved TFLOP/s and TB/s over the steps' own time, MFU/MBU against the peaks,
+    arithmetic intensity (FLOP/B), compute- or memory-bound at the ridge point, and the ratio to
+    the analytic lower bound. ``attainment_missing`` says why a number is None."""
+
+    flops: float | None
+    bytes: float | None
+    achieved_tflops: float | None
+    achieved_tbps: float | None
+    mfu: NonNegative | None
+    mbu: NonNegative | None
+    arithmetic_intensity: float | None
+    bound: Bound | None
+    bound_ratio: float | None
+    peak_tflops: float | None
+    peak_tbps: float | None
+    flops_source: str | None | UnsetType = UNSET
+    bytes_source: str | None | UnsetType = UNSET
+    forward_coverage: float | UnsetType = UNSET
+    bound_s: float | UnsetType = UNSET
+    attainment_missing: list[str]
+
+
+class PhaseTimes(Record, kw_only=True):
+    """Timeline, category and gap numbers of one phase on one device (the first part of a
+    :class:`PhaseRow`)."""
+
+    name: PhaseName
+    device: int | None
+    step_count: int = field(name="steps")
+    wall_ms: float
+    own_ms: float | None
+    window_ms: float
+    gpu_busy_ms: float
+    gpu_idle_share: Share | None
+    launch_gap_share: Share | None
+    attention_share: Share | None
+    kernel_ms: float
+    kernel_count: int
+    activity_count: int
+    categories_ms: dict[Category, float]
+    gaps: Gaps
+    idle_by_cause_ms: dict[GapCause, NonNegative]
+    small_kernel_ms: float
+    small_kernel_count: int
+    h2d_ms: float
+    comm_exposed_ms: float
+    top_kernels: list[TopKernel]
+    unreliable: list[str]
+
+
+def _phase_row_type() -> type:
+    """:class:`PhaseRow`: the :class:`PhaseTimes` fields, then the :class:`Attainment` ones,
+    flat (the report keeps the roofline numbers on the phase row)."""
+    fields = [(f.name, f.type) if f.required else (f.name, f.type, f.default) for f in msgspec.structs.fields(Attainment)]
+    return msgspec.defstruct("PhaseRow", fields, bases=(PhaseTimes,), module=__name__, frozen=True, kw_only=True)
+
+
+_PhaseRowBase = _phase_row_type()
+
+
+class PhaseRow(_PhaseRowBase, kw_only=True):  # type: ignore[misc, valid-type]
+    """Numbers for one phase (all | prefill | decode | mixed | unknown) on one device: the
+    :class:`PhaseTimes` fields, then the :class:`Attainment` fields (flat in the JSON report;
+    :attr:`attainment` gives them as one record)."""
+
+    @property
+    def attainment(self) -> Attainment:
+        """The roofline numbers of this row as an :class:`Attainment`."""
+        return Attainment(**{f: getattr(self, f) for f in Attainment.__struct_fields__})
+
+    @classmethod
+    def of(cls, times: PhaseTimes, attainment: Attainment) -> "PhaseRow":
+        """One row from its two parts."""
+        return cls(**msgspec.structs.asdict(times), **msgspec.structs.asdict(attainment))
+
+
+# ---------------------------------------------------------------- latency and steps
+
+
+class Percentiles(Record, kw_only=True):
+    """p50/p90/p99 and mean of a sample, in ms (None without samples; numpy linear interpolation)."""
+
+    p50_ms: float | None = field(name="p50")
+    p90_ms: float | None = field(name="p90")
+    p99_ms: float | None = field(name="p99")
+    mean_ms: float | None = field(name="mean")
+
+
+class Latency(Record, kw_only=True):
+    """TTFT proxy, TPOT and ITL distributions with the samples behind them (README "Definitions")."""
+
+    ttft_ms: float | None
+    ttft_samples: int
+    tpot_ms: Percentiles
+    tpot_samples: int
+    tpot_definition: str
+    itl_ms: Percentiles
+    itl_samples: int
+    itl_definition: str
+    prefill_step_ms: Percentiles
+    decode_step_ms: Percentiles
+    mixed_step_ms: Percentiles
+
+
+class Wait(Record, kw_only=True):
+    """An interval a step waited: before its GPU span or an idle gap inside it."""
+
+    where: Literal["before", "inside"]
+    start_ms: float
+    duration_ms: NonNegative = field(name="ms")
+    cause: GapCause
+    host_call: str | None
+    waited_on: str | None
+
+
+class Step(Record, kw_only=True):
+    """One engine step (the innermost step marker): README "Step time model"."""
+
+    name: str
+    phase: StepPhase
+    grammar: str
+    start_ns: int
+    end_ns: int
+    batch: int | None = None
+    tokens: int | None = None
+    context: int | None = None
+    kv_tokens: int | None = None
+    prefill_requests: int | None = None
+    decode_requests: int | None = None
+    scope: Literal["cpu", "gpu"]
+    anchor_ns: int
+    gpu_span_ms: float | None
+    gpu_busy_ms: float | None
+    own_ms: float
+    waits: list[Wait]
+    idle_by_cause_ms: dict[GapCause, NonNegative]
+    gpu_start_ns: int | None
+    gpu_end_ns: int | None
+    activity_count: int
+    wall_ns: int
+    shape_flops: int | float
+    shape_ops: int
+
+
+class KernelRow(Record, kw_only=True):
+    """One row of the kernel table, "which kernel to tune" (README "Kernel table")."""
+
+    device: int
+    phase: str
+    op: str | None
+    input_dims: str | None
+    input_types: str | None
+    kernel: str
+    category: str | None
+    calls: int
+    total_ms: float
+    mean_us: float
+    kernel_time_share: float | None
+    flops: float | None
+    bytes: float | None
+    flops_per_call: float | None
+    bytes_per_call: float | None
+    achieved_tflops: float | None
+    achieved_tbps: float | None
+    peak_tflops_share: float | None
+    peak_tbps_share: float | None
+    arithmetic_intensity_flop_per_byte: float | None
+    bound: Bound | None
+    cost_model: str | None
+    cost_note: str | None
+    op_source: str | None
+    shapes_unknown: str | None
+
+
+# ---------------------------------------------------------------- verdicts
+
+
+class Headline(Record, kw_only=True):
+    """What the report leads with: the top symptom (or what the trace type says)."""
+
+    text: str
+    rule_id: str | None
+    cause: str | None
+    stake_ms: float | None = field(name="ms")
+    stake_share: Share | None = field(name="share")
+    caveat: str | UnsetType = UNSET
+
+
+class Threshold(Record, kw_only=True):
+    """A rule threshold as the rule evaluated it."""
+
+    value: Number
+    unit: str
+    rationale: str
+
+
+class Evidence(Record, kw_only=True):
+    """The findings, thresholds and labels a rule read."""
+
+    findings: Findings
+    thresholds: dict[str, Threshold]
+    labels: dict[str, str | None] | UnsetType = UNSET
+
+
+class Symptom(Record, kw_only=True):
+    """A fired rule, ranked (README "Symptom rules and the headline")."""
+
+    id: str
+    symptom: str
+    title: str
+    severity: Severity
+    phase: str
+    scope: str
+    summary: str
+    evidence: Evidence
+    likely_cause: str
+    how_to_verify: str
+    fix: str
+    references: list[str]
+    cause: str | UnsetType = UNSET
+    headline: str | UnsetType = UNSET
+    stake_ms: float | UnsetType = UNSET
+    stake_share: Share | UnsetType = UNSET
+    recommends: list[str]
+    already_in_place: list[str] | UnsetType = UNSET
+    grouped_under: str | UnsetType = UNSET
+    related: list[str] | UnsetType = UNSET
+
+
+class NotEvaluated(Record, kw_only=True):
+    """A rule not evaluated, and why (missing findings, trace type)."""
+
+    id: str
+    symptom: str
+    title: str
+    severity: Severity
+    missing: list[str]
+    reason: str
+
+
+# ---------------------------------------------------------------- the report
+
+
+class Report(Record, kw_only=True):
+    """Everything ``diagnose run --format json`` reports for one trace (README "JSON report").
+
+    The verdicts (``headline``, ``symptoms``, ``not_evaluated``) and the flat ``findings`` the
+    rules read are UNSET until :func:`diagnose.pipeline.attach_verdicts` ran; ``rank`` ... are
+    set for the per-rank reports of a fleet run (:mod:`diagnose.multi`).
+    """
+
+    schema_version: Literal[2]
+    source: Source
+    partial: bool
+    devices: list[Device]
+    phases: list[PhaseRow]
+    latency: Latency
+    steps: list[Step]
+    quality: list[QualityIssue]
+    launches: Launches
+    gpu: Gpu | None
+    model: ModelInfo | None
+    kernel_table: list[KernelRow]
+    capture: Capture | UnsetType = UNSET
+    headline: Headline | None | UnsetType = UNSET
+    symptoms: list[Symptom] | UnsetType = UNSET
+    not_evaluated: list[NotEvaluated] | UnsetType = UNSET
+    verdicts_error: str | UnsetType = UNSET
+    findings: Findings | UnsetType = UNSET
+    rank: int | None | UnsetType = UNSET
+    rank_source: str | None | UnsetType = UNSET
+    rank_label: str | UnsetType = UNSET
+    world_size: int | None | UnsetType = UNSET
+
+    def phase(self, name: str, device: int | None = None) -> PhaseRow | None:
+        """The row of phase ``name`` (on ``device``, else the first one), or None."""
+        return next((p for p in self.phases if p.name == name and (device is None or p.device == device)), None)
+
+    def has_quality(self, code: str) -> bool:
+        return any(q.code == code for q in self.quality)
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def _enc_hook(obj: Any) -> Any:
+    import numpy as np
+
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return None if np.isnan(obj) else float(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
+
+
+def encode(obj: Any) -> bytes:
+    """Compact JSON of a record (or any JSON-able value with numpy scalars)."""
+    return _encoder.encode(obj)
+
+
+def decode_report(data: bytes | str | dict) -> Report:
+    """A saved JSON report (text, bytes, or the dict ``json.loads`` gave) back into a
+    :class:`Report`. Integral floats are accepted for integer fields (reports written before
+    the model had them as ``15360.0``).
+
+    Raises:
+        msgspec.ValidationError: the document is not a report of this schema version.
+    """
+    if isinstance(data, dict):
+        return msgspec.convert(data, Report, strict=False)
+    return msgspec.json.decode(data, type=Report, strict=False)
+
+
+SCHEMA_ID = "https://github.com/diagnose-llm/diagnose/blob/main/diagnose/data/report.schema.json"
+
+
+def report_schema() -> dict[str, Any]:
+    """The JSON Schema of :class:`Report` (draft 2020-12), generated by ``msgspec.json.schema``.
+    Shipped as ``diagnose/data/report.schema.json``."""
+    s = msgspec.json.schema(Report)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID,
+            "title": "diagnose JSON report", **s}
+
+
+def schema_text() -> str:
+    """The shipped schema file's text (:func:`report_schema`, indented, one trailing newline)."""
+    return json.dumps(report_schema(), indent=1, ensure_ascii=False) + "\n"
+
+
+if __name__ == "__main__":  # python -m diagnose.model > diagnose/data/report.schema.json
+    import sys
+
+    sys.stdout.write(schema_text())
