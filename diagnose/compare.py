@@ -8,9 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from msgspec import UNSET
+
 from diagnose.analyzers.base import declared
 from diagnose.engine import RuleSet, Verdicts, evaluate
-from diagnose.findings import Findings, findings_from_report
+from diagnose.findings import Findings, as_report, device_rows, flatten, labels, report_findings, select_device
+from diagnose.model import Report
 from diagnose.numeric import div
 
 FINDINGS = declared("compare")
@@ -35,7 +38,8 @@ _DELTA_CHANGES = {
 }
 
 
-def compare_findings(baseline: Mapping[str, Any], candidate: Mapping[str, Any], device: int | None = None) -> Findings:
+def compare_findings(baseline: Report | Mapping[str, Any], candidate: Report | Mapping[str, Any],
+                     device: int | None = None) -> Findings:
     """``baseline.*``, ``candidate.*`` (every single-trace finding) and ``delta.*``.
 
     Ratios are candidate / baseline (None when either is missing or the baseline is 0).
@@ -43,7 +47,7 @@ def compare_findings(baseline: Mapping[str, Any], candidate: Mapping[str, Any], 
     (the TTFT proxy ratio stands in when no prefill percentile exists): docs/prefill-decode.md §7
     "any of TTFT/TPOT p50/p90/p99 more than 50 % worse than baseline = roll back".
     """
-    fb, fc = findings_from_report(baseline, device), findings_from_report(candidate, device)
+    fb, fc = report_findings(baseline, device), report_findings(candidate, device)
     out: Findings = {}
     for k, v in fb.items():
         out[f"baseline.{k}"] = v
@@ -95,8 +99,9 @@ class Comparison:
         regression: the latency-regression rule fired.
         comparable: that rule could be evaluated (a TTFT/TPOT number in both traces).
         failing: fired symptoms at or above ``fail_on``.
-        new_symptoms, resolved_symptoms: trace-scope rule ids fired only in the candidate /
-            only in the baseline.
+        new_symptoms, resolved_symptoms: the trace-scope symptoms fired only in the candidate /
+            only in the baseline (each report's own, or both re-evaluated with the same rules:
+            see :func:`compare_reports`).
         category_deltas: per kernel category, per phase present in both: baseline_ms,
             candidate_ms, ratio.
         kernel_deltas: the kernels with the largest absolute time change (top kernels of
@@ -156,17 +161,24 @@ class Comparison:
         }
 
 
-def compare_reports(baseline: Mapping[str, Any], candidate: Mapping[str, Any], ruleset: RuleSet,
+def compare_reports(baseline: Report | Mapping[str, Any], candidate: Report | Mapping[str, Any], ruleset: RuleSet,
                     metrics: Findings | None = None, device: int | None = None, fail_on: str = "high",
-                    allow_missing: bool = False, allow_partial: bool = False) -> Comparison:
-    """Compare two JSON reports with the compare-scope rules (and metrics-scope ones when
+                    allow_missing: bool = False, allow_partial: bool = False, reevaluate: bool = False) -> Comparison:
+    """Compare two reports with the compare-scope rules (and metrics-scope ones when
     ``metrics`` is given), honouring the rule set's thresholds and disabled rules. A report
     with :func:`unreliable_reasons` makes the verdict "unreliable" (exit 1) unless
     ``allow_partial``, as ``diagnose gate`` does.
 
+    New and resolved symptoms: each report's own trace verdicts (``symptoms``, attached by
+    :func:`diagnose.pipeline.attach_verdicts`), so their text is the one ``diagnose run``
+    prints; with ``reevaluate`` (the rule options ``--threshold``, ``--rules``,
+    ``--rules-config`` were given), or for a report without verdicts, both are evaluated
+    again with ``ruleset``, with their findings and labels.
+
     Raises:
         DiagnoseError: ``device`` is in neither report.
     """
+    baseline, candidate = as_report(baseline), as_report(candidate)
     findings = compare_findings(baseline, candidate, device)
     if metrics:
         findings.update(metrics)
@@ -174,10 +186,9 @@ def compare_reports(baseline: Mapping[str, Any], candidate: Mapping[str, Any], r
     verdicts = evaluate(ruleset.rules, findings, scope=scopes, overrides=ruleset.overrides)
     fb = {k[len("baseline."):]: v for k, v in findings.items() if k.startswith("baseline.")}
     fc = {k[len("candidate."):]: v for k, v in findings.items() if k.startswith("candidate.")}
-    tb = evaluate(ruleset.rules, fb, scope="trace", overrides=ruleset.overrides)
-    tc = evaluate(ruleset.rules, fc, scope="trace", overrides=ruleset.overrides)
-    new = [s for s in tc.symptoms if s["id"] not in set(tb.fired_ids)]
-    gone = [s for s in tb.symptoms if s["id"] not in set(tc.fired_ids)]
+    sb, sc = (trace_symptoms(r, ruleset, device, reevaluate) for r in (baseline, candidate))
+    new = [s for s in sc if s["id"] not in {x["id"] for x in sb}]
+    gone = [s for s in sb if s["id"] not in {x["id"] for x in sc}]
     regression = any(s["id"] == REGRESSION_RULE for s in verdicts.symptoms)
     failing = verdicts.at_least(fail_on)
     comparable = not any(n["id"] == REGRESSION_RULE for n in verdicts.not_evaluated)
@@ -194,26 +205,37 @@ def compare_reports(baseline: Mapping[str, Any], candidate: Mapping[str, Any], r
                       warnings=warnings, exit_code=code, unreliable=unreliable, allow_partial=allow_partial)
 
 
-def _setup(report: Mapping[str, Any], device: int | None) -> dict[str, Any]:
-    """What must match for two traces to compare like for like: device name, model, decode batch."""
-    from diagnose.findings import findings_from_report, select_device
+def trace_symptoms(report: Report, ruleset: RuleSet, device: int | None = None, reevaluate: bool = False) -> list[dict[str, Any]]:
+    """The trace-scope symptoms of a report: its own (as ``diagnose run`` printed them) unless
+    ``reevaluate`` or it has none attached; else evaluated with ``ruleset`` on its findings,
+    with the same unreliable numbers and labels the pipeline uses."""
+    from diagnose.findings import unreliable_findings
 
+    if report.symptoms is not UNSET and not reevaluate:
+        return [s.to_dict() for s in report.symptoms]
+    v = evaluate(ruleset.rules, flatten(report, device), scope="trace", overrides=ruleset.overrides,
+                 unreliable=unreliable_findings(report, device), labels=labels(report, device))
+    return v.symptoms
+
+
+def _setup(report: Report, device: int | None) -> dict[str, Any]:
+    """What must match for two traces to compare like for like: device name, model, decode batch."""
     try:
         dev = select_device(report, device)
     except Exception:  # noqa: BLE001 - a device missing from one report is reported by compare itself
         dev = None
-    name = next((d.get("name") for d in report.get("devices") or [] if d.get("id") == dev), None)
-    model = report.get("model") or {}
-    f = findings_from_report(report, dev) if report.get("phases") is not None else {}
-    return {"device": name or None, "model": (model.get("name"), model.get("params_total")) if model else None,
+    name = next((d.name for d in report.devices if d.id == dev), None)
+    model = report.model
+    f = report_findings(report, dev)
+    return {"device": name or None, "model": (model.name, model.params_total) if model else None,
             "decode batch": f.get("steps.decode_p50_batch"), "prompt tokens": f.get("steps.prefill_p50_prompt_tokens")}
 
 
-def like_for_like_warnings(reports: Sequence[Mapping[str, Any]], labels: Sequence[str], device: int | None = None,
+def like_for_like_warnings(reports: Sequence[Report | Mapping[str, Any]], labels: Sequence[str], device: int | None = None,
                            keys: Sequence[str] = ("device", "model", "decode batch", "prompt tokens")) -> list[str]:
     """One warning per setting that differs between the reports (device name, model config,
     median decode batch, median prompt length): the comparison may not be like for like."""
-    setups = [_setup(r, device) for r in reports]
+    setups = [_setup(as_report(r), device) for r in reports]
     out = []
     for k in keys:
         vals = [s[k] for s in setups]
@@ -224,58 +246,51 @@ def like_for_like_warnings(reports: Sequence[Mapping[str, Any]], labels: Sequenc
     return out
 
 
-def unreliable_reasons(report: Mapping[str, Any]) -> list[str]:
+def unreliable_reasons(report: Report | Mapping[str, Any]) -> list[str]:
     """Why a report's numbers are unreliable or unrepresentative: partial file, quality codes
     that make numbers unreliable, or a trace type that is not serving (a capture pass, a
     fragment of a forward)."""
     from diagnose.vocab import UNRELIABLE_CODES, UNREPRESENTATIVE_TRACE_TYPES
 
+    report = as_report(report)
     out = []
-    if report.get("partial"):
+    if report.partial:
         out.append("partial trace file")
-    codes = {q.get("code") for q in report.get("quality") or []}
+    codes = {q.code for q in report.quality}
     out += [f"quality: {c}" for c in UNRELIABLE_CODES + UNREPRESENTATIVE_TRACE_TYPES if c in codes]
     return out
 
 
-def _phases(report: Mapping[str, Any], device: int | None) -> dict[str, Mapping[str, Any]]:
-    from diagnose.findings import select_device
-
-    dev = select_device(report, device)
-    return {p["name"]: p for p in report.get("phases") or [] if p.get("device") == dev}
-
-
-def category_deltas(baseline: Mapping[str, Any], candidate: Mapping[str, Any], device: int | None = None) -> list[dict[str, Any]]:
+def category_deltas(baseline: Report, candidate: Report, device: int | None = None) -> list[dict[str, Any]]:
     """Per phase present in both reports and kernel category present in either: time in each
     (ms, summed kernel durations) and candidate / baseline. A trade (GEMM slower, elementwise
     faster) shows here even when the totals match."""
-    pb, pc = _phases(baseline, device), _phases(candidate, device)
+    pb, pc = device_rows(as_report(baseline), device), device_rows(as_report(candidate), device)
     out = []
     for name in pb:
         if name not in pc or name == "unknown":
             continue
-        cb, cc = pb[name].get("categories_ms") or {}, pc[name].get("categories_ms") or {}
+        cb, cc = pb[name].categories_ms, pc[name].categories_ms
         for cat in sorted(set(cb) | set(cc), key=lambda c: -max(cb.get(c, 0.0), cc.get(c, 0.0))):
             b, c = cb.get(cat, 0.0), cc.get(cat, 0.0)
             out.append({"phase": name, "category": cat, "baseline_ms": b, "candidate_ms": c, "ratio": div(c, b)})
     return out
 
 
-def kernel_deltas(baseline: Mapping[str, Any], candidate: Mapping[str, Any], device: int | None = None,
-                  limit: int = 10) -> list[dict[str, Any]]:
+def kernel_deltas(baseline: Report, candidate: Report, device: int | None = None, limit: int = 10) -> list[dict[str, Any]]:
     """The ``limit`` kernels (by name, among each report's top kernels per phase) whose time
     changed most, largest absolute change first; a kernel absent from one side counts 0 ms there."""
-    pb, pc = _phases(baseline, device), _phases(candidate, device)
+    pb, pc = device_rows(as_report(baseline), device), device_rows(as_report(candidate), device)
     out = []
     for name in pb:
         if name not in pc or name in ("all", "unknown"):
             continue
-        kb = {k["name"]: k for k in pb[name].get("top_kernels") or []}
-        kc = {k["name"]: k for k in pc[name].get("top_kernels") or []}
+        kb = {k.name: k for k in pb[name].top_kernels}
+        kc = {k.name: k for k in pc[name].top_kernels}
         for k in set(kb) | set(kc):
-            b = (kb.get(k) or {}).get("total_ms", 0.0)
-            c = (kc.get(k) or {}).get("total_ms", 0.0)
-            cat = (kb.get(k) or kc.get(k) or {}).get("category")
+            b = kb[k].total_ms if k in kb else 0.0
+            c = kc[k].total_ms if k in kc else 0.0
+            cat = (kb.get(k) or kc.get(k)).category
             out.append({"phase": name, "name": k, "category": cat, "baseline_ms": b, "candidate_ms": c, "ratio": div(c, b)})
     out.sort(key=lambda r: (-abs(r["candidate_ms"] - r["baseline_ms"]), r["name"]))
     return out[:limit]

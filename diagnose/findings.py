@@ -1,27 +1,46 @@
-"""The findings layer between the analyzers and the rules.
+"""The findings layer between the report model and the rules.
 
-A JSON report (``Analysis.to_dict()``) is flattened by :func:`findings_from_report` into a
-numbers-only namespace with stable dotted names (``decode.launch_gap_share``,
-``latency.tpot_p99_ms``...): each analyzer of :data:`diagnose.analyzers.ANALYZERS` flattens
-its own part of the report (``findings_of_phase`` per phase row, ``findings`` for the rest)
-and declares the names it produces (``FINDINGS``). The catalog is built from those
-declarations plus the trace-level findings below, the sweep (:mod:`diagnose.sweep`), compare
-(:mod:`diagnose.compare`) and metrics ones (:mod:`diagnose.catalog`), so a metric's name, unit and computation are
-one grep apart. ``docs/rules.md`` documents the catalog.
+:func:`flatten` turns a :class:`~diagnose.model.Report` into the rules' flat namespace
+(``{dotted name: number or None}``: ``decode.launch_gap_share``, ``latency.tpot_p99_ms``...):
+the one flatten of the model. The pipeline ships its result in the report (``findings``,
+:func:`diagnose.pipeline.attach_verdicts`); ``gate``, ``compare``, ``sweep``, the web report
+and the notebook read that instead of computing their own.
+
+Names: ``<phase>.*`` from the selected device's phase rows (:func:`select_device`; ``main``
+is the step phase with the most own time, else ``all``), ``latency.*``, ``steps.*`` (over the
+step records), ``trace.*`` and ``quality.*``, ``model.*``. Each name is declared, with its
+unit and meaning, by the analyzer module that computes the numbers behind it
+(``FINDINGS = declared(...)``, catalog ``diagnose/data/findings.yaml``; :mod:`diagnose.catalog`).
+
+Adding a finding: compute the number in an analyzer and put it on a report record
+(:mod:`diagnose.model`); read it here in the function of its section (``_phase``,
+``_latency``, ``_steps``, ``_trace``); declare its name in ``findings.yaml`` under the
+analyzer's section. The findings golden (``tests/golden/findings``) shows the addition.
 """
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from diagnose.analyzers import ANALYZERS
-from diagnose.analyzers.base import declared, quality_counts, sanitize_code
-from diagnose.errors import DiagnoseError
-from diagnose.numeric import Number, num
-from diagnose.vocab import PHASES, QUALITY_CODES, STEP_PHASES, UNRELIABLE_CODES
+from msgspec import UNSET
 
-Findings = dict[str, Number | None]
+from diagnose.analyzers.base import declared
+from diagnose.errors import DiagnoseError
+from diagnose.model import Findings, PhaseRow, Report, Step, decode_report
+from diagnose.numeric import div, num
+from diagnose.vocab import (
+    CATEGORIES,
+    EXTERNAL_CAUSES,
+    GAP_CAUSES,
+    GAP_KINDS,
+    PHASES,
+    QUALITY_CODES,
+    SHARE_CATEGORIES,
+    STEP_PHASES,
+    UNRELIABLE_CODES,
+)
 
 TRACE_FINDINGS = declared("trace", unreliable_codes=", ".join(UNRELIABLE_CODES))
 
@@ -31,20 +50,28 @@ LABELS = declared("labels")
 METRICS_FINDINGS = declared("metrics")
 
 
-def select_device(report: Mapping[str, Any], device: int | None = None) -> int | None:
-    """Device whose phases the findings describe: ``device`` if given, else most GPU busy.
+def as_report(report: Report | Mapping[str, Any]) -> Report:
+    """``report`` as a :class:`~diagnose.model.Report` (a JSON report dict is decoded)."""
+    return report if isinstance(report, Report) else decode_report(dict(report))
+
+
+# ---------------------------------------------------------------- device and rows
+
+
+def select_device(report: Report, device: int | None = None) -> int | None:
+    """Device whose phases the findings (and every view's per-device numbers) describe:
+    ``device`` if given, else the one with the most GPU busy time (ties: the lowest id).
 
     Raises:
         DiagnoseError: ``device`` is not one of the report's devices.
     """
-    phases = list(report.get("phases") or [])
-    alls = [p for p in phases if p.get("name") == "all"]
+    alls = [p for p in report.phases if p.name == "all"]
     if not alls:  # reports without an "all" row: any phase stands for its device
-        by_dev: dict[Any, dict] = {}
-        for p in phases:
-            by_dev.setdefault(p.get("device"), p)
+        by_dev: dict[Any, PhaseRow] = {}
+        for p in report.phases:
+            by_dev.setdefault(p.device, p)
         alls = list(by_dev.values())
-    devs = [p.get("device") for p in alls]
+    devs = [p.device for p in alls]
     if device is not None:
         if device not in devs:
             known = ", ".join(str(d) for d in devs if d is not None) or "none"
@@ -52,38 +79,43 @@ def select_device(report: Mapping[str, Any], device: int | None = None) -> int |
         return device
     if not alls:
         return None
-    best = max(alls, key=lambda p: (num(p.get("gpu_busy_ms")) or 0.0, -(p.get("device") or 0)))
-    return best.get("device")
+    best = max(alls, key=lambda p: (num(p.gpu_busy_ms) or 0.0, -(p.device or 0)))
+    return best.device
 
 
-def _main_row(rows: list[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def device_rows(report: Report, device: int | None = None) -> dict[str, PhaseRow]:
+    """``{phase name: row}`` of the selected device (:func:`select_device`)."""
+    dev = select_device(report, device)
+    return {p.name: p for p in report.phases if p.device == dev and p.name in PHASES}
+
+
+def main_row(rows: Mapping[str, PhaseRow]) -> PhaseRow | None:
     """The step phase row with the most own time (``trace.main_phase``), else the ``all`` row."""
-
-    steps = [p for p in rows if p.get("name") in STEP_PHASES]
+    steps = [p for n, p in rows.items() if n in STEP_PHASES]
     if steps:
-        return max(steps, key=lambda p: num(p.get("own_ms")) or 0.0)
-    return next((p for p in rows if p.get("name") == "all"), None)
+        return max(steps, key=lambda p: num(p.own_ms) or 0.0)
+    return rows.get("all")
 
 
-def unreliable_findings(report: Mapping[str, Any], device: int | None = None) -> set[str]:
+def unreliable_findings(report: Report, device: int | None = None) -> set[str]:
     """Dotted names of the selected device's phase numbers the report marks unreliable
     (each phase's ``unreliable`` list, e.g. idle and launch-gap shares when graph coverage is low)."""
-    dev = select_device(report, device)
-    out: set[str] = set()
-    rows = [p for p in report.get("phases") or [] if p.get("device") == dev and p.get("name") in PHASES]
-    for p in rows:
-        out |= {f"{p['name']}.{k}" for k in p.get("unreliable") or []}
-    main = _main_row(rows)
+    rows = device_rows(report, device)
+    out = {f"{n}.{k}" for n, p in rows.items() for k in p.unreliable}
+    main = main_row(rows)
     if main is not None:
-        out |= {f"main.{k}" for k in main.get("unreliable") or []}
+        out |= {f"main.{k}" for k in main.unreliable}
     return out
 
 
-def findings_from_report(report: Mapping[str, Any], device: int | None = None, include_unreliable: bool = False) -> Findings:
-    """Flatten one JSON report into ``{dotted name: number or None}``.
+# ---------------------------------------------------------------- the flatten
+
+
+def flatten(report: Report | Mapping[str, Any], device: int | None = None, include_unreliable: bool = False) -> Findings:
+    """The report as the rules' flat namespace.
 
     Args:
-        report: ``Analysis.to_dict()`` (schema_version 1).
+        report: a :class:`~diagnose.model.Report` (or its JSON dict).
         device: GPU device id for the ``<phase>.*`` findings; default the device with the
             most GPU busy time (ties: lowest id).
         include_unreliable: keep numbers a phase lists under ``unreliable`` (default: they
@@ -91,25 +123,32 @@ def findings_from_report(report: Mapping[str, Any], device: int | None = None, i
 
     Returns:
         Numbers only (ints, floats; flags as 0/1); None where a value is unknown. Names are
-        listed in :func:`catalog`.
+        listed in :func:`diagnose.catalog.catalog`.
 
     Raises:
         DiagnoseError: ``device`` is not in the report.
     """
-    out: Findings = {}
+    report = as_report(report)
     dev = select_device(report, device)
-    rows = [p for p in report.get("phases") or [] if p.get("device") == dev and p.get("name") in PHASES]
-    main = _main_row(rows)
-    for p in rows + ([{**main, "name": "main"}] if main is not None else []):
-        for module in ANALYZERS:
-            f = getattr(module, "findings_of_phase", None)
-            if f is not None:
-                f(p, out)
-    for module in ANALYZERS:
-        f = getattr(module, "findings", None)
-        if f is not None:
-            f(report, dev, out)
-    _trace_findings(report, out)
+    rows = device_rows(report, dev)
+    out: Findings = {}
+    main = main_row(rows)
+    for name, p in list(rows.items()) + ([("main", main)] if main is not None else []):
+        _phase(p, name, out)
+    _launches(report, out)
+    out["trace.device"] = dev
+    alls = [p for p in report.phases if p.name == "all" and p.device is not None]
+    out["trace.device_count"] = len(alls)
+    out["trace.gpu_activity_count"] = next((num(p.activity_count) for p in alls if p.device == dev), None)
+    _latency(report, out)
+    _steps(report.steps, out)
+    m = report.model
+    if m is not None:  # weight_bytes is per rank under tensor parallelism: the whole model's bits per weight
+        wb, params, tp = num(m.weight_bytes), num(m.params_total), num(m.tp) or 1
+        out["model.weight_bits"] = wb * tp * 8 / params if wb and params else None
+    else:
+        out["model.weight_bits"] = None
+    _trace(report, out)
     if not include_unreliable:
         for name in unreliable_findings(report, dev):
             if name in out:
@@ -117,13 +156,201 @@ def findings_from_report(report: Mapping[str, Any], device: int | None = None, i
     return out
 
 
-def _trace_findings(report: Mapping[str, Any], out: Findings) -> None:
+def _phase(p: PhaseRow, n: str, out: Findings) -> None:
+    """``<n>.*`` of one phase row: waits, steps, attainment, phase stats, timeline, categories."""
+    measured = p.activity_count > 0  # no GPU activity: nothing measured
+    by = p.idle_by_cause_ms
+    for c in GAP_CAUSES:
+        out[f"{n}.idle_{c}_ms"] = float(by.get(c, 0.0)) if measured else None
+    longest = p.gaps.longest
+    out[f"{n}.longest_gap_ms"] = (longest[0].duration_ms if longest else 0.0) if measured else None
+    window, busy = p.window_ms, p.gpu_busy_ms
+    own_share = own_idle = None
+    if measured and window and busy is not None:
+        own_window = window - sum(float(by.get(c, 0.0)) for c in EXTERNAL_CAUSES)
+        own_idle = max(0.0, own_window - busy)
+        own_share = own_idle / own_window if own_window > 0 else None
+    out[f"{n}.gpu_idle_own_share"] = own_share
+    out[f"{n}.idle_own_ms"] = own_idle
+    hb = [g.duration_ms for g in longest if g.cause == "host_blocked"]
+    out[f"{n}.longest_host_blocked_ms"] = (max(hb) if hb else 0.0) if measured else None
+    out[f"{n}.steps"] = num(p.step_count)
+    out[f"{n}.wall_ms"] = num(p.wall_ms)
+    out[f"{n}.own_ms"] = num(p.own_ms)
+    _attainment(p, n, out)
+    for k in ("small_kernel_ms", "small_kernel_count", "h2d_ms", "comm_exposed_ms"):
+        out[f"{n}.{k}"] = num(getattr(p, k))
+    out[f"{n}.small_kernel_share"] = div(p.small_kernel_ms, window)
+    out[f"{n}.h2d_share"] = div(p.h2d_ms, window)
+    out[f"{n}.comm_exposed_share"] = div(p.comm_exposed_ms, window)
+    out[f"{n}.top_kernel_share"] = num(p.top_kernels[0].kernel_time_share) if p.top_kernels else None
+    _timeline(p, n, out)
+    _categories(p, n, out)
+
+
+def _attainment(p: PhaseRow, n: str, out: Findings) -> None:
+    for k in ("mfu", "mbu", "achieved_tflops", "achieved_tbps", "arithmetic_intensity", "bound_ratio",
+              "peak_tbps", "peak_tflops", "flops", "bytes", "forward_coverage"):
+        v = getattr(p, k)
+        if v is not UNSET:
+            out[f"{n}.{k}"] = num(v)
+    out[f"{n}.compute_bound"] = 1 if p.bound == "compute" else 0 if p.bound == "memory" else None
+    out[f"{n}.bandwidth_over_peak"] = div(p.achieved_tbps, p.peak_tbps)
+
+
+def _timeline(p: PhaseRow, n: str, out: Findings) -> None:
+    for k in ("window_ms", "gpu_busy_ms", "gpu_idle_share", "launch_gap_share"):
+        out[f"{n}.{k}"] = num(getattr(p, k))
+    by_kind = p.gaps.ms_by_kind
+    for kind in GAP_KINDS:
+        out[f"{n}.{kind}_gap_ms"] = num(by_kind.get(kind)) if by_kind else None
+    out[f"{n}.other_gap_share"] = div(by_kind.get("other"), p.window_ms) if by_kind else None
+    launch = p.gaps.launch
+    out[f"{n}.launch_gap_count"] = num(launch.count)
+    out[f"{n}.launch_gap_p50_us"] = num(launch.p50_us)
+    out[f"{n}.launch_gap_p99_us"] = num(launch.p99_us)
+    out[f"{n}.gap_max_us"] = num(p.gaps.all.max_us)
+
+
+def _categories(p: PhaseRow, n: str, out: Findings) -> None:
+    for k in ("attention_share", "kernel_ms", "kernel_count", "activity_count"):
+        out[f"{n}.{k}"] = num(getattr(p, k))
+    cats = p.categories_ms
+    kernel_ms = num(p.kernel_ms)
+    for c in CATEGORIES:
+        out[f"{n}.{c}_ms"] = num(cats.get(c, 0.0))
+    for c in SHARE_CATEGORIES:
+        out[f"{n}.{c}_share"] = div(cats.get(c, 0.0), kernel_ms)
+    out[f"{n}.comm_share"] = div(cats.get("communication", 0.0), kernel_ms)
+    en = cats.get("elementwise", 0.0) + cats.get("norm", 0.0)
+    out[f"{n}.elementwise_norm_ms"] = num(en)
+    out[f"{n}.elementwise_norm_share"] = div(en, kernel_ms)
+    kcats = {c: v for c, v in cats.items() if c not in ("memcpy", "memset")}
+    out[f"{n}.top_category_share"] = div(max(kcats.values()), kernel_ms) if kcats else None
+
+
+def _launches(report: Report, out: Findings) -> None:
+    counts = quality_counts(report)
+    launches = report.launches
+    out["trace.graph_launches"] = num(launches.graph_launches)
+    out["trace.graph_coverage"] = num(launches.graph_coverage)
+    out["trace.host_launch_calls"] = num(launches.host_launch_calls)
+    graph = counts.get("graph_kernels_no_launch", 0)
+    total_acts = sum(num(p.activity_count) or 0 for p in report.phases if p.name == "all" and p.device is not None)
+    out["trace.graph_kernel_count"] = graph
+    out["trace.graph_kernel_share"] = graph / total_acts if total_acts else None
+    out["trace.fused_attention_share"] = num(launches.fused_attention_share)
+    ind = num(launches.inductor_kernels)
+    out["trace.inductor_kernel_share"] = ind / total_acts if total_acts and ind is not None else None
+    out["trace.unlinked_count"] = counts.get("unlinked_kernels", 0)
+
+
+def _latency(report: Report, out: Findings) -> None:
+    lat = report.latency
+    out["latency.ttft_ms"] = num(lat.ttft_ms)
+    out["latency.ttft_samples"] = num(lat.ttft_samples)
+    pre, tp, itl, dec = lat.prefill_step_ms, lat.tpot_ms, lat.itl_ms, lat.decode_step_ms
+    for q in ("p50", "p90", "p99"):
+        f = f"{q}_ms"
+        out[f"latency.ttft_{q}_ms"] = num(getattr(pre, f))
+        out[f"latency.tpot_{q}_ms"] = num(getattr(tp, f))
+        out[f"latency.itl_{q}_ms"] = num(getattr(itl, f))
+        out[f"latency.prefill_step_{q}_ms"] = num(getattr(pre, f))
+        out[f"latency.decode_step_{q}_ms"] = num(getattr(dec, f))
+    out["latency.tpot_mean_ms"] = num(tp.mean_ms)
+    out["latency.tpot_samples"] = num(lat.tpot_samples)
+    out["latency.itl_samples"] = num(lat.itl_samples)
+    out["latency.tpot_p99_over_p50"] = div(tp.p99_ms, tp.p50_ms)
+
+
+def _pct(values: list, q: float) -> float | None:
+    """Percentile with numpy's linear interpolation, None when empty."""
+    import numpy as np
+
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def _steps(steps: list[Step], out: Findings) -> None:
+    """``steps.*`` over the step records (and ``latency.decode_throughput_tok_s``)."""
+    steps = sorted(steps, key=lambda s: s.start_ns)
+    by = {ph: [s for s in steps if s.phase == ph] for ph in STEP_PHASES}
+    out["steps.count"] = len(steps)
+    for ph in STEP_PHASES:
+        out[f"steps.{ph}_count"] = len(by[ph])
+    pw = [s.own_ms for s in by["prefill"] if s.own_ms is not None]
+    dw = [s.own_ms for s in by["decode"] if s.own_ms is not None]
+    out["steps.prefill_max_ms"] = max(pw) if pw else None
+    out["steps.prefill_p50_ms"] = _pct(pw, 50)
+    out["steps.decode_p50_ms"] = _pct(dw, 50)
+    out["steps.decode_p99_ms"] = _pct(dw, 99)
+    out["steps.decode_max_ms"] = max(dw) if dw else None
+    # prefill (or mixed) steps with a decode step both before and after them (S5)
+    phases = [s.phase for s in steps]
+    dec_idx = [i for i, ph in enumerate(phases) if ph == "decode"]
+    if len(dec_idx) >= 2:
+        inter = [steps[i].own_ms for i in range(dec_idx[0] + 1, dec_idx[-1]) if phases[i] in ("prefill", "mixed")]
+        inter = [w for w in inter if w is not None]
+        out["steps.prefill_interleaved_count"] = len(inter)
+        out["steps.prefill_interleaved_max_ms"] = max(inter) if inter else 0.0
+    else:
+        out["steps.prefill_interleaved_count"] = 0
+        out["steps.prefill_interleaved_max_ms"] = None
+    mixed = [s for s in by["mixed"] if s.own_ms is not None]
+    longest = max(mixed, key=lambda s: s.own_ms) if mixed else None
+    out["steps.mixed_max_ms"] = num(longest.own_ms) if longest else None
+    out["steps.mixed_max_decode_requests"] = num(longest.decode_requests) if longest else None
+    out["steps.mixed_max_tokens"] = num(longest.tokens) if longest else None
+    db = [s.batch for s in by["decode"] if s.batch is not None]
+    dc = [s.context for s in by["decode"] if s.context is not None]
+    out["steps.decode_p50_batch"] = _pct(db, 50)
+    out["steps.decode_max_batch"] = max(db) if db else None
+    out["steps.decode_p50_context"] = _pct(dc, 50)
+    out["steps.decode_max_context"] = max(dc) if dc else None
+    ptoks, prompts = [], []
+    for s in by["prefill"]:
+        if s.tokens is not None:
+            ptoks.append(s.tokens)
+            prompts.append(s.tokens / s.batch if s.batch else s.tokens)
+    out["steps.prefill_max_tokens"] = max(ptoks) if ptoks else None
+    out["steps.prefill_max_prompt_tokens"] = max(prompts) if prompts else None
+    out["steps.prefill_p50_prompt_tokens"] = _pct(prompts, 50)
+    _user_timed(steps, out)
+    out["latency.decode_throughput_tok_s"] = (div(out["steps.decode_p50_batch"] * 1000.0, out["latency.tpot_p50_ms"])
+                                              if out.get("steps.decode_p50_batch") is not None else None)
+
+
+def _user_timed(steps: list[Step], out: Findings) -> None:
+    """User-timed CPU regions shorter than the GPU work they launched (S7). Engine step markers
+    (vLLM, SGLang, this project's collector) end before their GPU work by design (asynchronous
+    launch); only regions the user timed themselves (--phase-regex) count."""
+    with_gpu = timed = shorter = 0
+    ratios = []
+    for s in steps:
+        if s.gpu_start_ns is None or s.gpu_end_ns is None or s.scope != "cpu":
+            continue
+        with_gpu += 1
+        if not str(s.grammar or "").startswith("user:"):
+            continue
+        timed += 1
+        cpu, gpu = s.end_ns - s.start_ns, s.gpu_end_ns - s.gpu_start_ns
+        if s.end_ns < s.gpu_end_ns and cpu < gpu:
+            shorter += 1
+        if cpu > 0:
+            ratios.append(gpu / cpu)
+    out["steps.with_gpu_count"] = with_gpu
+    out["steps.user_timed_count"] = timed
+    out["steps.cpu_shorter_than_gpu_count"] = shorter if timed else None
+    out["steps.cpu_shorter_than_gpu_share"] = shorter / timed if timed else None
+    out["steps.max_gpu_over_cpu"] = max(ratios) if ratios else None
+
+
+def _trace(report: Report, out: Findings) -> None:
     codes = quality_counts(report)
     for c in QUALITY_CODES:
         out[f"quality.{c}"] = codes.get(c, 0)
     for c, v in codes.items():
         out[f"quality.{c}"] = v
-    partial = 1 if report.get("partial") else 0
+    partial = 1 if report.partial else 0
     out["trace.partial"] = partial
     out["trace.unreliable"] = 1 if partial or any(codes.get(c) for c in UNRELIABLE_CODES) else 0
     ratios = [out[k] for k in out if k.endswith(".bandwidth_over_peak") and out[k] is not None]
@@ -136,38 +363,71 @@ def _trace_findings(report: Mapping[str, Any], out: Findings) -> None:
         out["trace.bandwidth_above_peak"] = None
 
 
-def labels_from_report(report: Mapping[str, Any], device: int | None = None) -> dict[str, str]:
+def quality_counts(report: Report) -> dict[str, int | float]:
+    """``{code: count}`` of a report's quality issues (1 for an issue without a count; codes
+    sanitized to finding-name segments, see :func:`sanitize_code`)."""
+    codes: dict[str, int | float] = {}
+    for q in report.quality:
+        c = sanitize_code(q.code)
+        cnt = None if q.count is UNSET else num(q.count)
+        codes[c] = codes.get(c, 0) + (cnt if cnt is not None else 1)
+    return codes
+
+
+def sanitize_code(code: str) -> str:
+    """Quality code -> a finding-name segment (lowercase, [a-z0-9_], no double '_')."""
+    s = re.sub(r"[^a-z0-9]+", "_", str(code).lower()).strip("_")
+    if not s or not s[0].isalpha():
+        s = "q_" + s if s else "q"
+    return s
+
+
+def report_findings(report: Report | Mapping[str, Any], device: int | None = None) -> Findings:
+    """The findings a report ships (``report.findings``) when they describe ``device`` (or
+    no device was asked for); else :func:`flatten` of it."""
+    report = as_report(report)
+    if report.findings is not UNSET and (device is None or report.findings.get("trace.device") == device):
+        return dict(report.findings)
+    return flatten(report, device)
+
+
+# ---------------------------------------------------------------- labels
+
+
+def labels(report: Report | Mapping[str, Any], device: int | None = None) -> dict[str, str]:
     """Text labels (:data:`LABELS`) of the selected device's report rows."""
     from diagnose.analyzers.categories import base_name
 
-    dev = select_device(report, device)
-    rows = {p["name"]: p for p in report.get("phases") or [] if p.get("device") == dev and p.get("name") in PHASES}
+    report = as_report(report)
+    rows: dict[str, PhaseRow] = device_rows(report, device)
     out: dict[str, str] = {}
-    own = {n: num(rows[n].get("own_ms")) or 0.0 for n in STEP_PHASES if n in rows}
+    own = {n: num(rows[n].own_ms) or 0.0 for n in STEP_PHASES if n in rows}
     out["trace.main_phase"] = max(own, key=lambda n: own[n]) if own else "the trace"
-    main = _main_row(list(rows.values()))
+    main = main_row(rows)
     if main is not None:
         rows = {**rows, "main": main}
     for n, p in rows.items():
-        top = p.get("top_kernels") or []
-        if top:
-            out[f"{n}.top_kernel"] = base_name(str(top[0].get("name") or ""))[:80]
-        cats = {c: v for c, v in (p.get("categories_ms") or {}).items() if c not in ("memcpy", "memset")}
+        if p.top_kernels:
+            out[f"{n}.top_kernel"] = base_name(str(p.top_kernels[0].name or ""))[:80]
+        cats = {c: v for c, v in p.categories_ms.items() if c not in ("memcpy", "memset")}
         if cats:
             out[f"{n}.top_category"] = max(cats, key=lambda c: cats[c])
-    a = rows.get("all") or {}
-    by = a.get("idle_by_cause_ms") or {}
+    a = rows.get("all")
+    by = a.idle_by_cause_ms if a is not None else {}
     if by:
         out["all.top_idle_cause"] = max(by, key=lambda c: by[c])
-    longest = (a.get("gaps") or {}).get("longest") or []
+    longest = a.gaps.longest if a is not None else []
     if longest:
         g0 = longest[0]
-        out["all.longest_gap_host_call"] = (g0.get("host_call") or (f"queued after {g0['waited_on']}" if g0.get("waited_on") else None)
+        out["all.longest_gap_host_call"] = (g0.host_call or (f"queued after {g0.waited_on}" if g0.waited_on else None)
                                             or "nothing in the trace")
-    hb = [g for g in longest if g.get("cause") == "host_blocked"]
+    hb = [g for g in longest if g.cause == "host_blocked"]
     if hb:
-        out["all.longest_host_blocked_call"] = max(hb, key=lambda g: g["ms"]).get("host_call") or "an unnamed call"
+        out["all.longest_host_blocked_call"] = max(hb, key=lambda g: g.duration_ms).host_call or "an unnamed call"
     return out
+
+
+# ---------------------------------------------------------------- metrics files
 
 
 def findings_from_metrics(metrics: Mapping[str, Any]) -> Findings:

@@ -25,7 +25,8 @@ from typing import Any, Mapping, Sequence
 from diagnose.compare import unreliable_reasons
 from diagnose.engine import RuleSet, Verdicts, evaluate
 from diagnose.errors import DiagnoseError
-from diagnose.findings import Findings, findings_from_report, labels_from_report, unreliable_findings
+from diagnose.findings import Findings, as_report, flatten, labels, report_findings, unreliable_findings
+from diagnose.model import Report
 from diagnose.vocab import UNREPRESENTATIVE_TRACE_TYPES
 
 GATE_PHASES = ("all", "prefill", "decode", "mixed")
@@ -62,7 +63,7 @@ def _pct(v: float | None) -> str:
     return "—" if v is None else f"{100 * v:.1f} %"
 
 
-def gate_report(report: Mapping[str, Any], ruleset: RuleSet, phases: Sequence[str] = ("decode",),
+def gate_report(report: Report | Mapping[str, Any], ruleset: RuleSet, phases: Sequence[str] = ("decode",),
                 max_launch_gap_share: float | None = None, max_idle_share: float | None = None,
                 fail_on: str | None = None, allow_partial: bool = False, allow_missing: bool = False,
                 metrics: Findings | None = None, device: int | None = None) -> GateResult:
@@ -71,9 +72,11 @@ def gate_report(report: Mapping[str, Any], ruleset: RuleSet, phases: Sequence[st
     Raises:
         DiagnoseError: ``device`` is not in the report.
     """
+    report = as_report(report)
     limit = launch_limit(ruleset) if max_launch_gap_share is None else max_launch_gap_share
     unreliable = unreliable_findings(report, device)
-    findings = findings_from_report(report, device, include_unreliable=allow_partial)
+    # the report's own findings; with --allow-partial, its unreliable numbers too
+    findings = flatten(report, device, include_unreliable=True) if allow_partial else report_findings(report, device)
     findings.update(metrics or {})
     checks: list[dict[str, Any]] = []
     reasons = unreliable_reasons(report)
@@ -107,7 +110,7 @@ def gate_report(report: Mapping[str, Any], ruleset: RuleSet, phases: Sequence[st
 
     scopes = ["trace"] + (["metrics"] if metrics else [])
     verdicts = evaluate(ruleset.rules, findings, scope=scopes, overrides=ruleset.overrides,
-                        unreliable=() if allow_partial else unreliable, labels=labels_from_report(report, device))
+                        unreliable=() if allow_partial else unreliable, labels=labels(report, device))
     failing = frozenset(s["id"] for s in verdicts.at_least(fail_on)) if fail_on else frozenset()
     for s in verdicts.symptoms:
         st = "fail" if s["id"] in failing else "pass"

@@ -88,6 +88,7 @@ class Gpu(Record, kw_only=True):
     ridge_flop_per_byte: float | None
     source: str
     overrides: list[str]
+    selection: str
 
 
 class ModelInfo(Record, kw_only=True):

@@ -81,7 +81,7 @@ class Report:
     def kernels(self) -> pd.DataFrame:
         """The whole kernel table (one row per phase, op, input dims and kernel: achieved
         TFLOP/s and TB/s against the device peak); the report keeps its top rows."""
-        kt = self.analysis.internal.get("kernel_table")
+        kt = self.analysis.kernel_frame
         return kt.copy() if kt is not None else pd.DataFrame()
 
     @cached_property
@@ -96,7 +96,7 @@ class Report:
         if g is None or len(g) == 0:
             return pd.DataFrame(columns=cols)
         host = self.analysis.host_index or HostIndex.build(self.analysis.trace)
-        t0 = int(self.analysis.internal.get("t0", 0) or 0)
+        t0 = int(self.analysis.t0_ns or 0)
         outside = outside_waits_ns(self.analysis.steps, t0)
         parts = []
         for dev in sorted(g["device"].unique()):

@@ -83,33 +83,50 @@ def run_analysis(path: str, options: AnalysisOptions | None = None, show_progres
     return result
 
 
-def attach_verdicts(analysis_or_report, ruleset=None, device: int | None = None) -> dict:
-    """Evaluate the trace-scope rules and put ``symptoms`` and ``not_evaluated`` into the
-    report; return the report. The only place verdicts are attached to a report.
+def attach_verdicts(analysis_or_report, ruleset=None, device: int | None = None):
+    """Flatten the report into the rules' findings (:func:`diagnose.findings.flatten`),
+    evaluate the trace-scope rules on them and put ``findings``, ``headline``, ``symptoms``
+    and ``not_evaluated`` into the report. The only place verdicts are attached to a report.
 
     Args:
-        analysis_or_report: an :class:`~diagnose.analyzers.Analysis` (its cached report and
-            ``extra`` are updated) or a JSON report dict (updated in place).
+        analysis_or_report: an :class:`~diagnose.analyzers.Analysis` (its ``report`` is
+            replaced), a :class:`~diagnose.model.Report` or a JSON report dict.
         ruleset: a :class:`diagnose.engine.RuleSet` (thresholds, disabled rules); None for the
             packaged rules with their default thresholds.
         device: the device whose numbers the rules read (default: the most GPU busy time).
 
+    Returns:
+        The report with its verdicts, of the kind given (an Analysis gives its new
+        :class:`~diagnose.model.Report`; a dict is updated in place and returned).
+
     Raises:
         RuleError: invalid rules or overrides.
     """
+    import msgspec
+
     from diagnose.engine import evaluate, load_ruleset
-    from diagnose.findings import findings_from_report, labels_from_report, unreliable_findings
+    from diagnose.findings import as_report, flatten, labels, unreliable_findings
+    from diagnose.model import Headline, NotEvaluated, Symptom
 
     rs = ruleset if ruleset is not None else load_ruleset()
     is_analysis = isinstance(analysis_or_report, Analysis)
-    report = analysis_or_report.to_dict() if is_analysis else analysis_or_report
-    verdicts = evaluate(rs.rules, findings_from_report(report, device), scope="trace", overrides=rs.overrides,
-                        unreliable=unreliable_findings(report, device), labels=labels_from_report(report, device))
-    sections = {"headline": headline(verdicts, report), "symptoms": verdicts.symptoms, "not_evaluated": verdicts.not_evaluated}
-    report.update(sections)
+    report = as_report(analysis_or_report.report if is_analysis else analysis_or_report)
+    findings = flatten(report, device)
+    verdicts = evaluate(rs.rules, findings, scope="trace", overrides=rs.overrides,
+                        unreliable=unreliable_findings(report, device), labels=labels(report, device))
+    h = headline(verdicts, report)
+    out = msgspec.structs.replace(
+        report, findings=findings, headline=None if h is None else msgspec.convert(h, Headline, from_attributes=False),
+        symptoms=msgspec.convert(verdicts.symptoms, list[Symptom]),
+        not_evaluated=msgspec.convert(verdicts.not_evaluated, list[NotEvaluated]))
     if is_analysis:
-        analysis_or_report.extra.update(sections)
-    return report
+        analysis_or_report.report = out
+        return out
+    if isinstance(analysis_or_report, dict):
+        analysis_or_report.update({k: v for k, v in out.to_dict().items()
+                                   if k in ("findings", "headline", "symptoms", "not_evaluated")})
+        return analysis_or_report
+    return out
 
 
 #: Trace types that change what the report can say (vocab.QUALITY_CODES), most decisive first:
@@ -124,18 +141,18 @@ TRACE_TYPE_HEADLINES = {
 }
 
 
-def headline(verdicts, report: dict) -> dict | None:
+def headline(verdicts, report) -> dict | None:
     """The one verdict the report leads with: the top fired rule's (text, rule_id, cause, ms,
     share), with a ``caveat`` when the trace type limits what it can mean; when no rule fired,
     what the trace type says (a capture pass, a fragment...), else None."""
-    codes = [q.get("code") for q in report.get("quality") or []]
+    codes = [q.code for q in report.quality]
     kinds = [c for c in TRACE_TYPE_HEADLINES if c in codes]
     h = verdicts.headline
     if h is None:
         if not kinds:
             return None
         text = TRACE_TYPE_HEADLINES[kinds[0]]
-        if kinds[0] == "no_gpu_activity" and report.get("partial"):
+        if kinds[0] == "no_gpu_activity" and report.partial:
             text = text.replace("in the trace", "in the readable part of this partial trace")
         return {"text": text, "rule_id": None, "cause": kinds[0], "ms": None, "share": None}
     if kinds:

@@ -26,16 +26,18 @@ from diagnose.engine.fixtures import run_fixtures
 from diagnose.errors import DiagnoseError
 from diagnose.findings import load_metrics
 from diagnose.gate import GATE_PHASES, LAUNCH_RULE, LAUNCH_THRESHOLD, gate_report, measured_text, write_junit
+from diagnose.model import Report
 from diagnose.options import AnalysisOptions, RuleOptions
 from diagnose.textsafe import safe
 from diagnose.vocab import SCOPES, SEVERITIES
 
 
-def analyse_report(path: str, options: AnalysisOptions) -> dict[str, Any]:
-    """The JSON report of one trace (no verdicts: each command evaluates its own scopes)."""
-    from diagnose.pipeline import run_analysis
+def analyse_report(path: str, options: AnalysisOptions, ruleset: RuleSet | None = None) -> Report:
+    """The report of one trace with its findings and trace verdicts (``ruleset``: the
+    command's rule options; each command evaluates its own other scopes)."""
+    from diagnose.pipeline import diagnose_trace
 
-    return run_analysis(path, options).to_dict()
+    return diagnose_trace(path, options, ruleset).report
 
 
 def ruleset_from(rule_opts: RuleOptions, extra: dict[str, float] | None = None) -> RuleSet:
@@ -117,7 +119,7 @@ def _gate(trace_path, phases, max_launch_gap_share, max_idle_share, fail_on, all
     extra = {f"{LAUNCH_RULE}.{LAUNCH_THRESHOLD}": max_launch_gap_share} if max_launch_gap_share is not None else None
     ruleset = ruleset_from(rule_opts, extra)
     metrics = load_metrics(metrics_path) if metrics_path else None
-    report = analyse_report(trace_path, options)
+    report = analyse_report(trace_path, options, ruleset)
     res = gate_report(report, ruleset, phases, max_launch_gap_share, max_idle_share, fail_on, allow_partial, allow_missing,
                       metrics, options.device)
     if junit_path:
@@ -127,7 +129,7 @@ def _gate(trace_path, phases, max_launch_gap_share, max_idle_share, fail_on, all
         click.echo(json.dumps({
             "result": "fail" if res.exit_code else "pass",
             "exit_code": res.exit_code,
-            "source": report.get("source"),
+            "source": report.source.to_dict(),
             "device": res.findings.get("trace.device"),
             "checks": [{k: c[k] for k in ("phase", "metric", "status", "value", "threshold", "message")} for c in gate_checks],
             "symptoms": res.verdicts.symptoms,
@@ -135,12 +137,11 @@ def _gate(trace_path, phases, max_launch_gap_share, max_idle_share, fail_on, all
             "fail_on": fail_on,
         }, indent=2, default=str))
         return res.exit_code
-    src = report.get("source") or {}
-    _echo(f"gate: {src.get('path', trace_path)} ({src.get('format', '?')}), device {_fmt(res.findings.get('trace.device'))}")
-    if report.get("gpu"):
+    _echo(f"gate: {report.source.path} ({report.source.format}), device {_fmt(res.findings.get('trace.device'))}")
+    if report.gpu is not None:
         from diagnose.hardware import describe_peak
 
-        _echo(f"peaks: {describe_peak(report['gpu'])}")
+        _echo(f"peaks: {describe_peak(report.gpu.to_dict())}")
     for c in gate_checks:
         tag = {"pass": "PASS", "fail": "FAIL", "skipped": "SKIP"}[c["status"]]
         _echo(f"  {tag:<5} {c['message']}")
@@ -196,19 +197,21 @@ def compare_command(baseline_path, candidate_path, fmt, fail_on, metrics_path, a
     options, rule_opts, _ = split_options(shared)
     ruleset = ruleset_from(rule_opts)
     metrics = load_metrics(metrics_path) if metrics_path else None
-    base = analyse_report(baseline_path, options)
-    cand = analyse_report(candidate_path, options)
-    cmp = compare_reports(base, cand, ruleset, metrics, options.device, fail_on, allow_missing, allow_partial)
+    base = analyse_report(baseline_path, options, ruleset)
+    cand = analyse_report(candidate_path, options, ruleset)
+    rule_options_given = bool(rule_opts.thresholds or rule_opts.rules_dir or rule_opts.rules_config)
+    cmp = compare_reports(base, cand, ruleset, metrics, options.device, fail_on, allow_missing, allow_partial,
+                          reevaluate=rule_options_given)
     if fmt == "json":
         click.echo(json.dumps({
             "schema_version": 1,
-            "baseline": {"source": base.get("source"), "partial": base.get("partial")},
-            "candidate": {"source": cand.get("source"), "partial": cand.get("partial")},
+            "baseline": {"source": base.source.to_dict(), "partial": base.partial},
+            "candidate": {"source": cand.source.to_dict(), "partial": cand.partial},
             **cmp.to_dict(),
         }, indent=2, default=str))
         sys.exit(cmp.exit_code)
-    _echo(f"baseline:  {(base.get('source') or {}).get('path', baseline_path)}")
-    _echo(f"candidate: {(cand.get('source') or {}).get('path', candidate_path)}")
+    _echo(f"baseline:  {base.source.path}")
+    _echo(f"candidate: {cand.source.path}")
     for w in cmp.warnings:
         _echo(f"warning: {w}")
     for u in cmp.unreliable:
@@ -279,7 +282,7 @@ def sweep_command(trace_paths, labels, fmt, fail_on, **shared):
     options, rule_opts, _ = split_options(shared)
     parsed = [parse_label(x) for x in labels] if labels else None
     ruleset = ruleset_from(rule_opts)
-    reports = [analyse_report(p, options) for p in trace_paths]
+    reports = [analyse_report(p, options, ruleset) for p in trace_paths]
     points = sweep_points(reports, parsed, options.device)
     findings = sweep_findings(points)
     from diagnose.compare import like_for_like_warnings

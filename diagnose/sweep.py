@@ -13,7 +13,8 @@ from typing import Any, Mapping, Sequence
 
 from diagnose.analyzers.base import declared
 from diagnose.errors import DiagnoseError
-from diagnose.findings import Findings, findings_from_report
+from diagnose.findings import Findings, as_report, report_findings
+from diagnose.model import Report
 from diagnose.numeric import div
 
 FINDINGS = declared("sweep")
@@ -60,7 +61,7 @@ def parse_label(spec: str) -> dict[str, Any]:
     return out
 
 
-def sweep_points(reports: Sequence[Mapping[str, Any]], labels: Sequence[Mapping[str, Any] | str | None] | None = None,
+def sweep_points(reports: Sequence[Report | Mapping[str, Any]], labels: Sequence[Mapping[str, Any] | str | None] | None = None,
                  device: int | None = None) -> list[dict[str, Any]]:
     """One point per report: name, ctx, batch, gpus, prompt, tpot_ms, throughput_tok_s, prefill_mfu,
     decode_comm_share. Labels win over values read from step markers."""
@@ -70,13 +71,14 @@ def sweep_points(reports: Sequence[Mapping[str, Any]], labels: Sequence[Mapping[
     pts = []
     for i, (rep, lab) in enumerate(zip(reports, labels)):
         lab = parse_label(lab) if isinstance(lab, str) else dict(lab or {})
-        f = findings_from_report(rep, device)
+        rep = as_report(rep)
+        f = report_findings(rep, device)
         tpot = f.get("latency.tpot_p50_ms")
         if tpot is None:
             tpot = f.get("latency.decode_step_p50_ms")
         batch = lab.get("batch", f.get("steps.decode_p50_batch"))
         pt = {
-            "name": lab.get("name") or (rep.get("source") or {}).get("path") or f"trace{i + 1}",
+            "name": lab.get("name") or rep.source.path or f"trace{i + 1}",
             "ctx": lab.get("ctx", f.get("steps.decode_p50_context")),
             "batch": batch,
             "gpus": lab.get("gpus", f.get("trace.device_count") or None),

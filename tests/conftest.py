@@ -105,3 +105,64 @@ def kineto():
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="Rewrite tests/golden/*.json from the current reports (review the diff).")
+
+
+def _neutral(tp):
+    """A neutral value of a model field type: None if nullable, else 0 / 0.0 / "" / [] / {} /
+    the first literal / a neutral record."""
+    import typing
+
+    import msgspec
+
+    args = typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _neutral(args[0])
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if type(None) in args:
+            return None
+        return _neutral(args[0])
+    if origin is typing.Literal:
+        return args[0]
+    if origin in (list, tuple):
+        return []
+    if origin is dict:
+        return {}
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return _fill(tp, {})
+    return {int: 0, float: 0.0, str: "", bool: False}.get(tp)
+
+
+def _fill(tp, partial: dict) -> dict:
+    """``partial`` (JSON names) with every required field of record type ``tp`` it lacks set to
+    a neutral value, nested records and lists of records filled the same way."""
+    import typing
+
+    import msgspec
+
+    hints = typing.get_type_hints(tp, include_extras=True)
+    out = dict(partial)
+    for f in msgspec.structs.fields(tp):
+        t = hints[f.name]
+        if f.encode_name not in out:
+            if f.required:
+                out[f.encode_name] = _neutral(t)
+            continue
+        inner = typing.get_args(t)[0] if typing.get_origin(t) is typing.Annotated else t
+        alts = list(typing.get_args(inner)) if typing.get_origin(inner) in (typing.Union, __import__("types").UnionType) else [inner]
+        rec = [a for a in alts if isinstance(a, type) and issubclass(a, msgspec.Struct)]
+        lst = [typing.get_args(a)[0] for a in alts if typing.get_origin(a) is list]
+        v = out[f.encode_name]
+        if rec and isinstance(v, dict):
+            out[f.encode_name] = _fill(rec[0], v)
+        elif lst and isinstance(v, list) and isinstance(lst[0], type) and issubclass(lst[0], msgspec.Struct):
+            out[f.encode_name] = [_fill(lst[0], x) if isinstance(x, dict) else x for x in v]
+    return out
+
+
+def make_report(partial: dict):
+    """A :class:`diagnose.model.Report` from a partial JSON report (tests state only the numbers
+    they check; every other required field is neutral: None, 0, empty)."""
+    from diagnose.model import Report, decode_report
+
+    return decode_report(_fill(Report, partial))

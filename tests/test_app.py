@@ -43,6 +43,7 @@ from diagnose.app.timeline import (  # noqa: E402
 from diagnose.compare import compare_reports  # noqa: E402
 from diagnose.engine import load_ruleset  # noqa: E402
 from diagnose.pipeline import ensure_verdicts, run_analysis  # noqa: E402
+from conftest import make_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
@@ -51,13 +52,30 @@ SGLANG = SHARED / "tracelens" / "sglang_prefilldecode" / "sglang_Qwen3-8B_prefil
 TINY = ROOT / "samples" / "tiny_cpu.json.gz"
 
 SYMPTOMS = [
-    {"id": "S5-long-prefill", "symptom": "S5", "severity": "medium", "summary": "a prefill holds the GPU",
-     "evidence": {"prefill_ms": 987.4}, "likely_cause": "one long prompt", "how_to_verify": "p99 TPOT vs prefills",
-     "fix": "chunked prefill"},
-    {"id": "S3-launch-gaps", "symptom": "S3", "severity": "high", "summary": "GPU idle in launch gaps",
-     "evidence": {"measured": 0.4, "threshold": 0.15, "unit": "share", "phase": "decode"},
-     "likely_cause": "kernel launch overhead", "how_to_verify": "timeline gaps", "fix": "CUDA graph capture"},
+    {"id": "S5-long-prefill", "symptom": "S5", "title": "long prefill", "severity": "medium", "phase": "prefill",
+     "scope": "trace", "summary": "a prefill holds the GPU",
+     "evidence": {"findings": {"steps.prefill_max_ms": 987.4}, "thresholds": {}}, "likely_cause": "one long prompt",
+     "how_to_verify": "p99 TPOT vs prefills", "fix": "chunked prefill", "references": [], "recommends": []},
+    {"id": "S3-launch-gaps", "symptom": "S3", "title": "launch gaps", "severity": "high", "phase": "decode",
+     "scope": "trace", "summary": "GPU idle in launch gaps",
+     "evidence": {"findings": {"decode.launch_gap_share": 0.4},
+                  "thresholds": {"max_launch_gap_share": {"value": 0.15, "unit": "share", "rationale": "S3"}}},
+     "likely_cause": "kernel launch overhead", "how_to_verify": "timeline gaps", "fix": "CUDA graph capture",
+     "references": [], "recommends": []},
 ]
+
+
+def with_verdicts(analysis, symptoms=SYMPTOMS, not_evaluated=()):
+    """A copy of ``analysis`` whose report carries these verdicts (the report is frozen)."""
+    import dataclasses
+
+    import msgspec
+
+    from diagnose.model import NotEvaluated, Symptom
+
+    report = msgspec.structs.replace(analysis.report, symptoms=msgspec.convert(copy.deepcopy(symptoms), list[Symptom]),
+                                     not_evaluated=msgspec.convert(list(not_evaluated), list[NotEvaluated]))
+    return dataclasses.replace(analysis, report=report)
 
 
 def _need(p: Path) -> Path:
@@ -440,10 +458,9 @@ def test_banner_and_cards():
     assert b["severity"] == "high" and b["count"] == 2 and b["title"] == "HIGH: 2 symptoms fired"
     cards = F.symptom_cards_data(r)
     assert [c["id"] for c in cards] == ["S3-launch-gaps", "S5-long-prefill"]  # worst first
-    assert cards[0]["pairs"] == [{"name": "measured", "measured": 0.4, "threshold": 0.15, "unit": "share",
-                                  "measured_text": "40.0 %", "threshold_text": "15.0 %"}]
-    assert cards[0]["evidence"] == [("phase", "decode")]
-    assert cards[1]["evidence"] == [("prefill_ms", "987.4")]
+    assert cards[0]["findings"] == [("decode.launch_gap_share", "40.0 %")]
+    assert cards[0]["thresholds"] == [("max_launch_gap_share", "15.0 %", "share", "S3")]
+    assert cards[1]["findings"] == [("steps.prefill_max_ms", "987.4 ms")]
 
 
 def test_cards_from_the_rule_engine(sglang):
@@ -531,9 +548,8 @@ def test_kv_view_and_contexts():
 
 
 def _lat_report(ttft, p50, p90, p99, idle=0.1):
-    return {"latency": {"ttft_ms": ttft, "tpot_ms": {"p50": p50, "p90": p90, "p99": p99},
-                        "prefill_step_ms": {}, "decode_step_ms": {}},
-            "phases": [{"name": "all", "device": 0, "gpu_idle_share": idle, "gpu_busy_ms": 1.0}], "steps": [], "quality": []}
+    return make_report({"latency": {"ttft_ms": ttft, "tpot_ms": {"p50": p50, "p90": p90, "p99": p99, "mean": None}},
+                        "phases": [{"name": "all", "device": 0, "gpu_idle_share": idle, "gpu_busy_ms": 1.0}]})
 
 
 def test_compare_view_uses_the_rule_verdict():
@@ -542,7 +558,7 @@ def test_compare_view_uses_the_rule_verdict():
     d = F.compare_view(compare_reports(a, _lat_report(100.0, 20.0, 25.0, 46.0), rs))  # p99 x1.53
     assert d["verdict"] == "regression" and d["css"] == "regression"
     assert F.compare_view(compare_reports(a, _lat_report(140.0, 20.0, 25.0, 44.0), rs))["verdict"] == "no regression"  # x1.40, x1.467
-    none = F.compare_view(compare_reports({"latency": {}, "phases": [], "steps": [], "quality": []}, a, rs))
+    none = F.compare_view(compare_reports(make_report({}), a, rs))
     assert none["verdict"] == "not comparable" and none["css"] == "inconclusive"
     row = next(r for r in F.compare_view(compare_reports(a, _lat_report(100.0, 20.0, 25.0, 30.0, idle=0.3), rs))["rows"]
                if r["finding"] == "all.gpu_idle_share")
@@ -561,14 +577,9 @@ def test_compare_real_traces(vllm, tiny):
 
 @pytest.fixture(scope="module")
 def app_two(vllm, tiny):
-    vllm.extra["symptoms"] = copy.deepcopy(SYMPTOMS)
-    vllm.extra["not_evaluated"] = [{"id": "S7-above-peak", "missing": ["peak_tbps"]}]
-    try:
-        app = create_app([str(VLLM), str(TINY)], [vllm, tiny])
-    finally:
-        for k in ("symptoms", "not_evaluated"):
-            vllm.extra.pop(k, None)
-    return app
+    ne = [{"id": "S7-above-peak", "symptom": "S7", "title": "above peak", "severity": "medium", "missing": ["peak_tbps"],
+           "reason": "missing finding(s): peak_tbps"}]
+    return create_app([str(VLLM), str(TINY)], [with_verdicts(vllm, SYMPTOMS, ne), tiny])
 
 
 def test_create_app_layout_and_callbacks(app_two):
@@ -600,7 +611,7 @@ def test_pages_render_with_stable_ids(app_two):
     banner = _find(page, "overview-banner")
     assert "HIGH: 2 symptoms fired" in _text(banner)
     card = _find(page, "symptom-card-S3-launch-gaps")
-    assert "40.0 % vs threshold 15.0 %" in _text(card) and "CUDA graph capture" in _text(card)
+    assert "decode.launch_gap_share = 40.0 %" in _text(card) and "CUDA graph capture" in _text(card)
     tiny_page = render_page(st, "/", "1")
     assert st.entries[1].report["symptoms"] == []  # the rule engine ran on the CPU-only sample: nothing fires
     assert "No symptom fired" in _text(_find(tiny_page, "overview-banner"))
@@ -696,11 +707,7 @@ def test_serve_binds_loopback_by_default(monkeypatch):
 def test_write_html_is_self_contained(vllm, tmp_path):
     from plotly.offline import get_plotlyjs
 
-    vllm.extra["symptoms"] = copy.deepcopy(SYMPTOMS)
-    try:
-        out = write_html(vllm, tmp_path / "report.html")
-    finally:
-        vllm.extra.pop("symptoms", None)
+    out = write_html(with_verdicts(vllm), tmp_path / "report.html")
     text = out.read_text(encoding="utf-8")
     assert text.count(get_plotlyjs()[:200]) == 1  # plotly.js inlined exactly once
     assert "<script src=" not in text  # nothing fetched: opens offline

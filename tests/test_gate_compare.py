@@ -229,10 +229,13 @@ def test_gate_unreliable_quality_code_fails(kineto, tmp_path, monkeypatch):
     trace = graph_decode(kineto, tmp_path / "graph.json")
     real = rc.analyse_report
 
-    def flagged(path, options):
-        rep = real(path, options)
-        rep["quality"] = rep["quality"] + [{"code": "graph_coverage_low", "message": "coverage 40 %"}]
-        return rep
+    def flagged(path, options, ruleset=None):
+        import msgspec
+
+        from diagnose.model import QualityIssue
+
+        rep = real(path, options, ruleset)
+        return msgspec.structs.replace(rep, quality=rep.quality + [QualityIssue(code="graph_coverage_low", message="coverage 40 %")])
 
     monkeypatch.setattr(rc, "analyse_report", flagged)
     r = run(gate_command, ["--trace", trace])

@@ -88,10 +88,7 @@ def report_for(path: Path, extra: tuple[str, ...]) -> tuple[dict, dict]:
     r = CliRunner().invoke(main, ["run", "--trace", str(path), "--format", "json", *extra])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    findings = d.pop("findings", None)
-    if findings is None:  # reports before the model shipped its findings
-        from diagnose.findings import findings_from_report
-        findings = findings_from_report(d)
+    findings = d.pop("findings")
     roots = ((str(SHARED_TRACES) + "/", "<shared>/"), (str(ROOT) + "/", "<project>/"))
     return normalize(d, roots), normalize(findings, roots)
 

@@ -11,11 +11,11 @@ import pytest
 from conftest import shared_trace
 
 from diagnose.analyzers import analyze
+from diagnose.trace.capture import load_capture_mapping
 from diagnose.analyzers.kernels import (
     SHAPES_UNKNOWN,
     kernel_records,
     kernel_table,
-    load_capture_mapping,
     step_seq_info,
 )
 from diagnose.analyzers.opcost import SeqInfo, op_bytes, op_cost, op_flops

@@ -166,7 +166,7 @@ def test_h100_flash_attention_row_is_causal():
     assert (len(flash), round(us, 3)) == (24, 2722.705)
     tr = load_trace(str(shared_trace(H100)))
     a = analyze(tr)
-    kt = a.internal["kernel_table"]
+    kt = a.kernel_frame
     row = kt[(kt["op"] == "aten::_flash_attention_forward") & (kt["phase"] == "prefill")].iloc[0]
     assert row["calls"] == 24 and row["total_ms"] == pytest.approx(us / 1e3, abs=1e-6)
     assert row["flops"] == 24 * SDPA_CAUSAL == 245_745_057_792
@@ -215,7 +215,7 @@ def test_vllm_moe_expert_kernels_bytes_and_bandwidth(vllm_moe):
         if e.get("cat") == "kernel" and e["name"] in us:
             us[e["name"]] += e["dur"]
     assert (round(us[GATE_UP], 3), round(us[DOWN], 3)) == (3272.717, 3761.878)
-    kt = vllm_moe.internal["kernel_table"].set_index("kernel")
+    kt = vllm_moe.kernel_frame.set_index("kernel")
     gu, dn = kt.loc[GATE_UP], kt.loc[DOWN]
     assert (gu["op"], dn["op"], gu["calls"], dn["calls"]) == ("vllm::moe_forward", "vllm::moe_forward", 24, 24)
     assert (gu["cost_model"], dn["cost_model"]) == ("moe", "moe")
@@ -248,13 +248,13 @@ def test_vllm_moe_bytes_are_the_step_mbu_accounting(vllm_moe):
     spec = accounting.load_model_config("gpt-oss-20b")
     c = accounting.step_cost(spec, "decode", batch=32, kv_tokens=55086)
     assert c.expert_bytes == STEP_EXPERT_B and c.experts_touched_per_layer == pytest.approx(TOUCHED_32, rel=1e-12)
-    kt = vllm_moe.internal["kernel_table"]
+    kt = vllm_moe.kernel_frame
     assert kt.loc[kt["cost_model"] == "moe", "bytes"].sum() == pytest.approx(c.expert_bytes, rel=1e-12)
     assert vllm_moe.phase("decode").bytes == c.bytes
 
 
 def test_vllm_moe_other_kernels(vllm_moe):
-    kt = vllm_moe.internal["kernel_table"].set_index("kernel")
+    kt = vllm_moe.kernel_frame.set_index("kernel")
     fin = kt.loc["_finalize_matmul_scatter_bf16"]
     assert fin["op"] == "vllm::moe_forward" and math.isnan(fin["bytes"])
     assert fin["cost_note"].startswith("MoE routing/combine kernel")
@@ -274,7 +274,7 @@ def test_vllm_graph_note_says_the_capture_mapped_the_kernels(vllm_moe):
 def test_vllm_moe_without_model_config_has_no_bytes():
     opts = AnalysisOptions(gpu="MI300X", capture_trace=str(shared_trace(VLLM_CAPTURE)))
     a = run_analysis(str(shared_trace(VLLM_EXEC)), options=opts)
-    kt = a.internal["kernel_table"].set_index("kernel")
+    kt = a.kernel_frame.set_index("kernel")
     for k in (GATE_UP, DOWN):
         assert math.isnan(kt.loc[k, "bytes"]) and kt.loc[k, "cost_note"] == MOE_NO_CONFIG_NOTE
 
@@ -307,7 +307,7 @@ def test_eager_moe_calls_take_their_steps_expert_bytes(kineto):
     batch 8 21.00; each call's gate_up kernel takes 2/3 of its step's layer bytes, down 1/3."""
     tr = _moe_trace(kineto, [(4, 100.0), (8, 100.0)])
     a = analyze(tr, AnalysisOptions(model_config="gpt-oss-20b"))
-    kt = a.internal["kernel_table"].set_index("kernel")
+    kt = a.kernel_frame.set_index("kernel")
     assert kt.loc[GATE_UP, "calls"] == 2
     assert kt.loc[GATE_UP, "bytes"] == pytest.approx((_layer_bytes(4) + _layer_bytes(8)) * 2 / 3, rel=1e-12)
     assert kt.loc[DOWN, "bytes"] == pytest.approx((_layer_bytes(4) + _layer_bytes(8)) / 3, rel=1e-12)
@@ -322,7 +322,7 @@ def test_eager_moe_bytes_above_the_peak_are_dropped(kineto):
     estimate overstates what this call read, so the row keeps no bytes."""
     tr = _moe_trace(kineto, [(4, 1.0)])
     a = analyze(tr, AnalysisOptions(model_config="gpt-oss-20b"))
-    kt = a.internal["kernel_table"].set_index("kernel")
+    kt = a.kernel_frame.set_index("kernel")
     assert math.isnan(kt.loc[GATE_UP, "bytes"]) and math.isnan(kt.loc[GATE_UP, "achieved_tbps"])
     assert kt.loc[GATE_UP, "cost_note"].startswith("expected expert bytes exceed the device peak")
     # the down kernel (2 µs, 58.4 MB = 29 TB/s) too

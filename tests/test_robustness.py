@@ -87,7 +87,7 @@ def test_single_gpu_without_distributed_info_or_memcpy(kineto, tmp_path):
     b = kineto()  # no distributedInfo, no memcpy/memset
     b.launch("k", 0, 10, launch_ts=-5)
     a = run_analysis(str(b.write(tmp_path / "one.json")))
-    assert a.devices == [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}]
+    assert [d.to_dict() for d in a.devices] == [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}]
     assert a.phase("all").gpu_busy_ms == 0.01
     assert "memcpy" not in a.phase("all").categories_ms
 
@@ -297,7 +297,7 @@ def test_sglang_and_vllm_markers_and_mixed(kineto, tmp_path):
     assert a.steps["kv_tokens"].iloc[10] == 6000
     # TPOT: 10 decode steps -> 9 intervals; the one spanning the mixed step keeps it
     assert a.latency.tpot_samples == 9
-    assert a.phase("mixed").steps == 1
+    assert a.phase("mixed").step_count == 1
 
 
 def test_no_markers_means_unknown(kineto, tmp_path):
@@ -350,7 +350,7 @@ def test_window_and_device_slices(kineto, tmp_path):
     assert a.phase("all", 0).kernel_count == 3  # kernels starting at 2, 3, 4 ms
     assert "sliced_window" in _codes(a)
     a = run_analysis(p, AnalysisOptions(device=1))
-    assert [d["id"] for d in a.devices] == [1] and a.phase("all", 1).kernel_count == 1
+    assert [d.id for d in a.devices] == [1] and a.phase("all", 1).kernel_count == 1
     for args in (["--window", "5"], ["--window", "5:2"], ["--window", "a:b"], ["--device", "7"]):
         r = _run(["run", "--trace", p, *args])
         assert r.exit_code == 2 and r.output.startswith("error: "), (args, r.output)

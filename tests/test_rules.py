@@ -19,20 +19,26 @@ from diagnose.engine import RuleError, compile_condition, evaluate, load_rules, 
 from diagnose.engine.docs import rules_markdown
 from diagnose.engine.fixtures import run_fixtures
 from diagnose.catalog import catalog, catalog_regex
-from diagnose.findings import findings_from_metrics, findings_from_report
+from diagnose.findings import findings_from_metrics, flatten
 from diagnose.pipeline import attach_verdicts as add_verdicts_to_report
 from diagnose.sweep import sweep_findings, sweep_points
 
 
+def findings_from_report(report, device=None, include_unreliable=False):
+    """:func:`diagnose.findings.flatten` of a (partial) JSON report."""
+    return flatten(make_report(report), device, include_unreliable)
+
+
 def findings_from_reports(reports, labels):
     """Compare findings for ["baseline", "candidate"], else sweep findings."""
+    reports = [make_report(r) for r in reports]
     if [str(x) for x in labels] == ["baseline", "candidate"]:
         return compare_findings(reports[0], reports[1])
     return sweep_findings(sweep_points(reports, labels))
 from diagnose.trace.kineto import load_kineto
 from diagnose.analyzers import analyze
 
-from conftest import ROOT, shared_trace
+from conftest import ROOT, make_report, shared_trace
 
 RULES_DIR = ROOT / "rules"
 EXPECTED_IDS = {
@@ -469,11 +475,11 @@ def test_unreliable_phase_numbers_are_not_evaluated():
     assert f["decode.launch_gap_share"] is None and f["all.gpu_idle_share"] is None
     assert f["trace.unreliable"] == 1
     assert findings_from_report(rep, include_unreliable=True)["decode.launch_gap_share"] == 0.5
-    add_verdicts_to_report(rep)
-    ne = {n["id"]: n for n in rep["not_evaluated"]}
-    assert ne["S3-launch-gaps"]["reason"] == "unreliable finding(s) (see quality): decode.launch_gap_share"
-    assert ne["S3-launch-gaps"]["missing"] == ["decode.launch_gap_share"]
-    assert "S3-launch-gaps" not in [s["id"] for s in rep["symptoms"]]
+    r = add_verdicts_to_report(make_report(rep))
+    ne = {n.id: n for n in r.not_evaluated}
+    assert ne["S3-launch-gaps"].reason == "unreliable finding(s) (see quality): decode.launch_gap_share"
+    assert ne["S3-launch-gaps"].missing == ["decode.launch_gap_share"]
+    assert "S3-launch-gaps" not in [s.id for s in r.symptoms]
 
 
 def _fake_report(steps=(), tpot=None, prefill_steps=None, decode_steps=None, phases=()):

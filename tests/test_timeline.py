@@ -56,8 +56,8 @@ def test_launch_gaps_host_late(kineto, tmp_path):
     p = a.phase("all")
     assert p.gpu_idle_share == pytest.approx(30 / 70, abs=1e-6)
     assert p.launch_gap_share == pytest.approx(30 / 70, abs=1e-6)
-    assert p.gaps["launch"]["count"] == 3
-    assert p.gaps["launch"]["p50_us"] == 10.0
+    assert p.gaps.launch.count == 3
+    assert p.gaps.launch.p50_us == 10.0
 
 
 def test_gaps_with_launch_in_time_are_not_launch_gaps(kineto, tmp_path):
@@ -66,7 +66,7 @@ def test_gaps_with_launch_in_time_are_not_launch_gaps(kineto, tmp_path):
     p = a.phase("all")
     assert p.gpu_idle_share == pytest.approx(30 / 70, abs=1e-6)
     assert p.launch_gap_share == 0.0
-    assert p.gaps["count_by_kind"]["other"] == 3
+    assert p.gaps.count_by_kind["other"] == 3
 
 
 def test_graph_replay_gaps_are_not_launch_gaps(kineto, tmp_path):
@@ -79,7 +79,7 @@ def test_graph_replay_gaps_are_not_launch_gaps(kineto, tmp_path):
     p = a.phase("all")
     assert p.gpu_idle_share == pytest.approx(30 / 70, abs=1e-6)
     assert p.launch_gap_share == 0.0
-    assert p.gaps["count_by_kind"]["graph"] == 3
+    assert p.gaps.count_by_kind["graph"] == 3
     codes = {q.code: q for q in a.quality}
     assert codes["graph_kernels_no_launch"].count == 4
 
@@ -131,11 +131,11 @@ def test_tpot_percentiles(kineto, tmp_path):
     lat = a.latency
     assert lat.ttft_ms == 60.0  # own time: the prefill kernel's span, 10 -> 70 ms (the marker started at 0)
     assert lat.tpot_samples == 4  # intervals 10, 10, 10, 30 ms
-    assert lat.tpot_ms["p50"] == 10.0
-    assert lat.tpot_ms["p90"] == 24.0  # linear interpolation: 10 + 0.7 * 20
-    assert lat.tpot_ms["p99"] == 29.4
-    assert a.phase("decode").steps == 5
-    assert a.phase("prefill").steps == 1
+    assert lat.tpot_ms.p50_ms == 10.0
+    assert lat.tpot_ms.p90_ms == 24.0  # linear interpolation: 10 + 0.7 * 20
+    assert lat.tpot_ms.p99_ms == 29.4
+    assert a.phase("decode").step_count == 5
+    assert a.phase("prefill").step_count == 1
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,13 +1,19 @@
-"""Analyzers: pure functions from a normalized :class:`~diagnose.trace.model.Trace` to findings.
+"""Analyzers: functions from a normalized :class:`~diagnose.trace.model.Trace` to the report.
 
-:data:`ANALYZERS` is the registry: the analyzer modules, in the order :func:`analyze` runs
-them. Each module declares the findings it produces (``FINDINGS``) next to the code that
-computes them and has ``run(ctx)`` (see :mod:`diagnose.analyzers.base`); the findings
-catalog (:mod:`diagnose.findings`) is built from these declarations.
+Each analyzer module has one function with explicit inputs (the trace, options, results of
+analyzers before it) and one frozen result; :func:`analyze` wires them, in the order of
+:data:`ANALYZERS`, and assembles the :class:`~diagnose.model.Report`. Nothing is shared
+through a blackboard: what an analyzer needs is an argument, what it gives is its return
+value (quality notes included, merged once per code by :class:`~diagnose.analyzers.base.Notes`).
+Each module also declares the findings its numbers feed (``FINDINGS``); the findings catalog
+(:mod:`diagnose.catalog`) is built from these declarations.
 
-``analyze(trace, options)`` returns an :class:`Analysis`, whose ``to_dict()`` is the JSON
-report contract (``schema_version`` 1). Rules are not evaluated here:
-:func:`diagnose.pipeline.attach_verdicts` does that, in one place.
+Rules are not evaluated here: :func:`diagnose.pipeline.attach_verdicts` does that, in one place.
+
+Adding an analyzer: write ``def my_section(<inputs>) -> MyResult`` in a module of this
+package (no I/O: the trace layer reads files), add the module to :data:`ANALYZERS`, call it
+in :func:`analyze` where its inputs exist, and put what it reports into a field of
+:class:`~diagnose.model.Report` (see :mod:`diagnose.model` for adding a section).
 """
 from __future__ import annotations
 
@@ -24,57 +30,78 @@ from diagnose.analyzers import (
     tracetype,
     waits,
 )
-from diagnose.analyzers.base import Context, Finding
-from diagnose.analyzers.result import SCHEMA_VERSION, Analysis, PhaseResult, step_records
+from diagnose.analyzers.base import Finding, Notes
+from diagnose.analyzers.result import SCHEMA_VERSION, Analysis, report_steps, step_records, step_structs
+from diagnose.model import QualityIssue, Report, Source
 from diagnose.options import AnalysisOptions
+from diagnose.trace.capture import CaptureMapping, load_capture_mapping
 from diagnose.trace.model import Trace
 
-#: The analyzer registry, in run order. Modules without ``run`` only declare findings that
-#: another analyzer's code computes (categories and timeline run inside phasestats).
+#: The analyzer modules, in the order :func:`analyze` runs them (categories and timeline are
+#: libraries the others call: phasestats and activities).
 ANALYZERS = (phases, launches, activities, waits, latency, attainment, tracetype, phasestats, kernels, timeline, categories)
 
-__all__ = ["ANALYZERS", "Analysis", "AnalysisOptions", "Context", "Finding", "PhaseResult", "SCHEMA_VERSION",
-           "analyze", "step_records"]
+__all__ = ["ANALYZERS", "Analysis", "AnalysisOptions", "Finding", "SCHEMA_VERSION", "analyze", "report_steps",
+           "step_records"]
 
 
-#: Step-table columns only the analyzers use (not in the JSON report).
-_INTERNAL_STEP_COLUMNS = ("device_activity_count", "shape_bytes", "own_ns", "done_ns")
+def analyze(trace: Trace, options: AnalysisOptions | None = None, capture: CaptureMapping | None = None) -> Analysis:
+    """Run every analyzer on ``trace`` and assemble the report (without verdicts).
 
-
-def report_steps(steps):
-    """The step table as reported: ``own_ms`` (ms, 6 decimals) instead of the internal ns
-    columns; column order as documented in the README."""
-    out = steps.drop(columns=[c for c in _INTERNAL_STEP_COLUMNS if c in steps])
-    if "own_ns" in steps:
-        own = (steps["own_ns"].to_numpy() / 1e6).round(6)
-        out.insert(out.columns.get_loc("gpu_busy_ms") + 1 if "gpu_busy_ms" in out else len(out.columns), "own_ms", own)
-    return out
-
-
-def analyze(trace: Trace, options: AnalysisOptions | None = None) -> Analysis:
-    """Run every analyzer of :data:`ANALYZERS` on ``trace``.
+    Args:
+        trace: the normalized trace.
+        options: analysis options (model config, peaks, shapes, phase regexes...).
+        capture: the graph-capture mapping (:func:`diagnose.trace.capture.load_capture_mapping`);
+            None: read from ``options.capture_trace`` when given.
 
     Raises:
         DiagnoseError: invalid options (e.g. a bad ``--phase-regex``, an unreadable
             ``--model-config``, an unknown ``--gpu``).
+        TraceFormatError: the capture trace cannot be read.
     """
-    ctx = Context(trace=trace, options=options or AnalysisOptions(), quality=list(trace.quality))
-    for module in ANALYZERS:
-        run = getattr(module, "run", None)
-        if run is not None:
-            run(ctx)
-    return Analysis(
-        source={"path": trace.source_path, "format": trace.source_format},
-        devices=ctx.devices,
-        phases=ctx.phases,
-        latency=ctx.latency,
-        steps=report_steps(ctx.steps),
-        quality=ctx.quality,
+    opts = options or AnalysisOptions()
+    if capture is None and opts.capture_trace:
+        capture = load_capture_mapping(opts.capture_trace)
+    notes = Notes(trace.quality)
+    split = phases.split_steps(trace, opts.phase_regex, opts.batch)
+    notes.extend(split.notes)
+    links = launches.launch_links(trace)
+    notes.extend(links.notes)
+    acts = activities.activity_table(trace, split, links.frame)
+    notes.extend(acts.notes)
+    w = waits.step_waits(trace, acts.frame, split.steps, split.containers)
+    steps = latency.step_table(w.steps, acts.frame)
+    prep = attainment.prepare_attainment(trace, opts, steps, acts.frame, acts.devices)
+    notes.extend(prep.notes)
+    steps = prep.steps
+    kind = tracetype.classify_trace(trace, steps, acts.frame, prep.inputs.spec is not None)
+    notes.extend(kind.notes)
+    rows = phasestats.phase_rows(trace, acts.frame, steps, w, acts.devices, prep, acts.unreliable, kind.fragment_steps)
+    notes.extend(rows.notes)
+    if rows.fragment_steps:  # a fragment's time is not a step's: TTFT/TPOT/ITL from the whole steps only
+        lat = latency.latency_findings(steps.drop(index=sorted(rows.fragment_steps)), phasestats.TPOT_FRAGMENTS)
+    else:
+        lat = latency.latency_findings(steps)
+    graph_note = next((q for q in notes.issues if q.code == "graph_kernels_no_launch"), None)
+    kt = kernels.kernel_section(trace, acts.frame, steps, prep.inputs.peak, capture, prep.moe, graph_note)
+    for q in kt.notes:
+        notes.replace(q)
+    shown = report_steps(steps)
+    report = Report(
+        schema_version=SCHEMA_VERSION,
+        source=Source(path=trace.source_path, format=trace.source_format),
         partial=trace.partial,
-        metadata=trace.metadata,
-        activities=ctx.activities,
-        extra={k: v for k, v in ctx.extra.items() if not k.startswith("_")},
-        trace=trace,
-        host_index=ctx.extra.get("_host"),
-        internal={k[1:]: v for k, v in ctx.extra.items() if k.startswith("_") and k != "_host"},
+        devices=acts.devices,
+        phases=rows.rows,
+        latency=lat,
+        steps=step_structs(shown),
+        quality=[QualityIssue(code=q.code, message=q.message, **({} if q.count is None else {"count": q.count}))
+                 for q in notes.issues],
+        launches=acts.launches,
+        gpu=prep.gpu,
+        model=prep.model,
+        kernel_table=kt.rows,
+        **({} if kt.capture is None else {"capture": kt.capture}),
     )
+    return Analysis(report=report, trace=trace, activities=acts.frame, steps=shown, kernel_frame=kt.table,
+                    host_index=w.host, t0_ns=w.t0_ns)

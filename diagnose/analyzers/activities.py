@@ -1,30 +1,55 @@
 """The GPU activity table every later analyzer reads, and the device list.
 
-Sets ``ctx.activities``: ``trace.gpu`` plus ``category``/``category_id`` (kernel categories,
-:mod:`diagnose.analyzers.categories`), ``name_id`` (names factorized once), the launch columns
-(``launch_start_ns``, ``launch_end_ns``, ``launch_kind``, ``graph_followup``,
-``launch_tid``), ``step`` (row of
-the step table, -1 none) and ``phase``. Also ``ctx.devices`` ({id, name} per device with GPU
-activity), ``ctx.extra["launches"]`` and, when graph coverage is low, the names of the numbers
-that become unreliable (``ctx.extra["_unreliable"]``).
+:func:`activity_table` gives :class:`Activities`: ``trace.gpu`` plus ``category``/
+``category_id`` (kernel categories, :mod:`diagnose.analyzers.categories`), ``name_id`` (names
+factorized once), the launch columns (``launch_start_ns``, ``launch_end_ns``, ``launch_kind``,
+``graph_followup``, ``launch_tid``), ``step`` (row of the step table, -1 none) and ``phase``;
+the devices with GPU activity, the report's ``launches`` section and, when graph coverage is
+low, the names of the numbers that become unreliable.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from diagnose.analyzers.base import Context, declared
+from diagnose.analyzers.base import Notes, declared
 from diagnose.analyzers.categories import CATEGORY_NAMES, category_ids
 from diagnose.analyzers.launches import GRAPH_COVERAGE_MIN, launch_stats
-from diagnose.analyzers.phases import assign_steps
-from diagnose.numeric import num
-from diagnose.trace.model import NO_TIME, factorize
+from diagnose.analyzers.phases import StepSplit, assign_steps
+from diagnose.model import Device, Launches
+from diagnose.trace.model import NO_TIME, QualityIssue, Trace, factorize
 
 FINDINGS = declared("activities")
 
 
-def run(ctx: Context) -> None:
-    trace, steps, launches = ctx.trace, ctx.steps, ctx.launches
+@dataclass(frozen=True)
+class Activities:
+    """The GPU activity table and what it says about the trace.
+
+    Attributes:
+        frame: ``trace.gpu`` plus category, category_id, name_id, the launch columns, step
+            (row of the step table, -1 none) and phase.
+        devices: the devices with GPU activity.
+        launches: the report's ``launches`` section.
+        unreliable: names of phase numbers not to trust (low graph coverage).
+        notes: graph_coverage_low, device_id_remapped.
+    """
+
+    frame: pd.DataFrame
+    devices: list[Device]
+    launches: Launches
+    unreliable: tuple[str, ...] = ()
+    notes: tuple[QualityIssue, ...] = ()
+
+
+def activity_table(trace: Trace, split: StepSplit, links: pd.DataFrame) -> Activities:
+    """Join the launch links (``links``: :attr:`LaunchLinks.frame`), categories, steps and
+    phases (a step's, else the phase of the container marker it was launched in) onto
+    ``trace.gpu``."""
+    steps, launches = split.steps, links
+    notes = Notes()
     gpu = trace.gpu
     step_idx = assign_steps(trace, steps, launches)
     name_id, names = factorize(gpu["name"])
@@ -43,7 +68,7 @@ def run(ctx: Context) -> None:
     )
     step_phase = steps["phase"].to_numpy() if len(steps) else np.array([], dtype=object)
     phase = np.where(step_idx >= 0, step_phase[np.clip(step_idx, 0, None)] if len(steps) else "unknown", "unknown").astype(object)
-    containers = ctx.extra.get("_containers")
+    containers = split.containers
     if containers is not None and len(containers) and len(g):
         # launched inside an outer marker but in none of its steps: the container's phase
         t = launches["launch_start_ns"].to_numpy()
@@ -51,29 +76,21 @@ def run(ctx: Context) -> None:
             m = (step_idx < 0) & (t >= cs) & (t <= ce) & (t != NO_TIME)
             phase[m] = cph
     g["phase"] = pd.Series(phase, index=g.index, dtype=object)
-    ctx.activities = g
 
     info = launch_stats(trace, g)
-    ctx.extra["launches"] = info
-    cov = info["graph_coverage"]
+    cov = info.graph_coverage
+    unreliable: tuple[str, ...] = ()
     if cov is not None and cov < GRAPH_COVERAGE_MIN:
-        ctx.extra["_unreliable"] = ("gpu_idle_share", "launch_gap_share")
-        ctx.note("graph_coverage_low",
-                 f"only {info['graph_launches_with_activity']} of {info['graph_launches']} graph launches have GPU activity in the trace "
-                 f"(coverage {cov:.0%}): replayed kernels are missing, so idle and launch-gap numbers are unreliable")
+        unreliable = ("gpu_idle_share", "launch_gap_share")
+        notes.note("graph_coverage_low",
+                   f"only {info.graph_launches_with_activity} of {info.graph_launches} graph launches have GPU activity in the trace "
+                   f"(coverage {cov:.0%}): replayed kernels are missing, so idle and launch-gap numbers are unreliable")
 
     devices_present = sorted(int(d) for d in gpu["device"].unique()) if len(gpu) else []
-    dev_list = [{"id": d, "name": trace.device_name(d)} for d in devices_present]
+    dev_list = [Device(id=d, name=trace.device_name(d)) for d in devices_present]
     listed = {d.id for d in trace.devices}
-    if len(trace.devices) == 1 and len(dev_list) == 1 and dev_list[0]["id"] not in listed:
+    if len(trace.devices) == 1 and len(dev_list) == 1 and dev_list[0].id not in listed:
         # One visible GPU whose activities carry the host's device index (ROCm/HIP_VISIBLE_DEVICES).
-        dev_list[0]["name"] = trace.devices[0].name
-        ctx.note("device_id_remapped", f"activities use device id {dev_list[0]['id']} but deviceProperties lists only id {trace.devices[0].id}: taken as the same GPU")
-    ctx.devices = dev_list
-
-
-def findings(report: dict, device, out: dict) -> None:
-    out["trace.device"] = device
-    alls = [p for p in report.get("phases") or [] if p.get("name") == "all" and p.get("device") is not None]
-    out["trace.device_count"] = len(alls)
-    out["trace.gpu_activity_count"] = next((num(p.get("activity_count")) for p in alls if p.get("device") == device), None)
+        dev_list[0] = Device(id=dev_list[0].id, name=trace.devices[0].name)
+        notes.note("device_id_remapped", f"activities use device id {dev_list[0].id} but deviceProperties lists only id {trace.devices[0].id}: taken as the same GPU")
+    return Activities(g, dev_list, info, unreliable, tuple(notes.issues))

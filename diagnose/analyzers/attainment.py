@@ -30,21 +30,19 @@ Sources of each input (the report lists the ones that were missing in ``attainme
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from diagnose import accounting
 from diagnose.accounting import ModelSpec
-from diagnose.analyzers.base import Context, declared
+from diagnose.analyzers.base import Notes, declared
 from diagnose.errors import DiagnoseError
-from diagnose.hardware import peak_from_overrides
-from diagnose.numeric import div, num
-from diagnose.hardware import GpuPeak
+from diagnose.hardware import GpuPeak, peak_from_overrides
+from diagnose.model import Attainment, Device, Gpu, ModelInfo
 from diagnose.roofline import roofline
 from diagnose.trace.kineto import parse_input_dims
-from diagnose.trace.model import Trace
+from diagnose.trace.model import QualityIssue, Trace
 
 from diagnose.analyzers.opcost import FLOP_OPS, MoeLayerBytes, op_bytes, op_flops  # noqa: E402  (re-exported)
 
@@ -185,17 +183,17 @@ def _step_shape(r, phase: str, inp: AttainmentInputs) -> tuple[int | None, int |
     return batch, tokens, kv_tokens
 
 
-def phase_attainment(phase: str, psteps: pd.DataFrame, inp: AttainmentInputs, graph_steps: np.ndarray) -> dict[str, Any]:
+def phase_attainment(phase: str, psteps: pd.DataFrame, inp: AttainmentInputs, graph_steps: np.ndarray) -> Attainment:
     """Attainment numbers for one phase from its steps (columns of the step table plus
     shape_flops, shape_bytes, shape_ops). ``graph_steps``: bool per step, kernels replayed from a graph."""
-    out: dict[str, Any] = {k: None for k in ("flops", "bytes", "achieved_tflops", "achieved_tbps", "mfu", "mbu",
+    out: dict = {k: None for k in ("flops", "bytes", "achieved_tflops", "achieved_tbps", "mfu", "mbu",
                                              "arithmetic_intensity", "bound", "bound_ratio", "peak_tflops", "peak_tbps")}
     out["flops_source"] = None
     out["bytes_source"] = None
     missing: list[str] = []
     if len(psteps) == 0:
         out["attainment_missing"] = ["steps"]
-        return out
+        return Attainment(**out)
     time_ns = psteps["own_ns"].to_numpy(dtype=np.float64)
     total_s = float(time_ns.sum()) / 1e9
     step_flops = np.full(len(psteps), np.nan)
@@ -245,31 +243,31 @@ def phase_attainment(phase: str, psteps: pd.DataFrame, inp: AttainmentInputs, gr
     if r.bound_s is not None:
         out["bound_s"] = r.bound_s
     out["attainment_missing"] = missing
-    return out
+    return Attainment(**out)
 
 
-def _gpu_dict(peak) -> dict[str, Any] | None:
-    return None if peak is None else peak.to_dict()
+def _gpu(peak: GpuPeak | None) -> Gpu | None:
+    return None if peak is None else Gpu(**peak.to_dict())
 
 
-def _model_dict(inp: AttainmentInputs) -> dict[str, Any] | None:
+def _model_info(inp: AttainmentInputs) -> ModelInfo | None:
     if inp.spec is None:
         return None
     sp = inp.spec
     w = accounting.model_weights(sp, inp.weight_dtype, inp.tp)
-    return {
-        "name": sp.name,
-        "source": inp.spec_source,
-        "params_total": sp.params_total,
-        "params_active_per_token": sp.params_active_per_token,
-        "weight_dtype": inp.weight_dtype,
-        "weight_format": w.weight_format,
-        "weight_bytes": w.bytes,
-        "kv_dtype": inp.kv_dtype,
-        "kv_bytes_per_token": accounting.kv_bytes_per_token(sp, inp.kv_dtype, tp=inp.tp),
-        "tp": inp.tp,
-        "tp_source": inp.tp_source,
-    }
+    return ModelInfo(
+        name=sp.name,
+        source=inp.spec_source,
+        params_total=sp.params_total,
+        params_active_per_token=sp.params_active_per_token,
+        weight_dtype=inp.weight_dtype,
+        weight_format=w.weight_format,
+        weight_bytes=w.bytes,
+        kv_dtype=inp.kv_dtype,
+        kv_bytes_per_token=accounting.kv_bytes_per_token(sp, inp.kv_dtype, tp=inp.tp),
+        tp=inp.tp,
+        tp_source=inp.tp_source,
+    )
 
 
 _DTYPE_ALIASES = {"float32": "fp32", "torch.float32": "fp32", "float16": "fp16", "torch.float16": "fp16", "half": "fp16",
@@ -277,7 +275,7 @@ _DTYPE_ALIASES = {"float32": "fp32", "torch.float32": "fp32", "float16": "fp16",
                   "fp8": "fp8", "int8": "int8", "int4": "int4"}
 
 
-def attainment_inputs(trace: Trace, options, dev_list: list[dict], note) -> AttainmentInputs:
+def attainment_inputs(trace: Trace, options, dev_list: list[Device], note) -> AttainmentInputs:
     """Resolve model config, peaks, dtypes and shapes from flags, then trace metadata.
 
     Raises:
@@ -309,63 +307,67 @@ def attainment_inputs(trace: Trace, options, dev_list: list[dict], note) -> Atta
             inp.tp, inp.tp_source = ws, "distributedInfo.world_size (every rank taken as tensor-parallel; give --tp otherwise)"
     if isinstance(meta.get("prefill_logits_positions"), int) and meta["prefill_logits_positions"] > 1:
         inp.lm_head = "all"  # a plain Hugging Face forward computes logits for every position
-    name = dev_list[0]["name"] if dev_list else ""
+    name = dev_list[0].name if dev_list else ""
     inp.peak = peak_from_overrides(options.gpu, options.peak_tflops, options.bandwidth_tbps, device_name=name)
     if inp.peak is None and dev_list:
         note("unknown_device_peak", f"device {name or '(unnamed)'!r} is not in the GPU peak table: MFU/MBU skipped (use --gpu NAME or --peak-tflops/--bandwidth-tbps)")
     return inp
 
 
-NO_ATTAINMENT = {k: None for k in ("flops", "bytes", "achieved_tflops", "achieved_tbps", "mfu", "mbu",
-                                      "arithmetic_intensity", "bound", "bound_ratio", "peak_tflops", "peak_tbps")}
-NO_ATTAINMENT["attainment_missing"] = ["computed per step phase (prefill, decode, mixed) only"]
+#: The roofline numbers of a row that is not a step phase (all, unknown).
+NO_ATTAINMENT = Attainment(flops=None, bytes=None, achieved_tflops=None, achieved_tbps=None, mfu=None, mbu=None,
+                           arithmetic_intensity=None, bound=None, bound_ratio=None, peak_tflops=None, peak_tbps=None,
+                           attainment_missing=["computed per step phase (prefill, decode, mixed) only"])
 
 
-def run(ctx: Context) -> None:
-    """Operator FLOPs per step (step table columns shape_flops, shape_bytes, shape_ops), which
-    steps were replayed from a graph, the model/peak inputs (``ctx.attainment_inputs``) and,
-    for a MoE model config, each step's routed-expert bytes per layer
-    (``ctx.extra["_moe_layer_bytes"]``, :func:`moe_layer_bytes`)."""
-    trace, steps, g = ctx.trace, ctx.steps, ctx.activities
+@dataclass(frozen=True)
+class AttainmentPrep:
+    """What attainment needs per phase, prepared once per trace.
+
+    Attributes:
+        steps: the step table plus shape_flops, shape_bytes, shape_ops (operator FLOPs and
+            operand bytes per step, :func:`step_shape_flops`).
+        graph_steps: per step, True when its kernels were replayed from a graph.
+        inputs: model config, peaks, dtypes and shape flags (:func:`attainment_inputs`).
+        moe: per step, the routed-expert bytes of one MoE layer (:func:`moe_layer_bytes`; the
+            kernel table's MoE rows), None without a MoE config.
+        gpu, model: the report's ``gpu`` and ``model`` sections.
+        notes: unnamed_device, model_config_unsupported / _unusable, unknown_device_peak.
+    """
+
+    steps: pd.DataFrame
+    graph_steps: np.ndarray
+    inputs: AttainmentInputs
+    moe: MoeLayerBytes | None
+    gpu: Gpu | None
+    model: ModelInfo | None
+    notes: tuple[QualityIssue, ...] = ()
+
+
+def prepare_attainment(trace: Trace, options, steps: pd.DataFrame, activities: pd.DataFrame,
+                       devices: list[Device]) -> AttainmentPrep:
+    """Operator FLOPs per step, which steps were replayed from a graph, the model/peak inputs
+    and, for a MoE model config, each step's routed-expert bytes per layer.
+
+    Raises:
+        DiagnoseError: an unreadable ``--model-config``, unknown ``--gpu`` or bad override.
+    """
+    notes = Notes()
+    g = activities
     sf, sb, sc = step_shape_flops(trace, steps)
-    steps["shape_flops"], steps["shape_bytes"], steps["shape_ops"] = sf, sb, sc
+    steps = steps.assign(shape_flops=sf, shape_bytes=sb, shape_ops=sc)
     graph_steps = np.zeros(len(steps), dtype=bool)
     if len(steps) and len(g):
         gs = g.loc[(g["step"] >= 0) & (g["launch_kind"] == "graph_launch"), "step"].unique()
         graph_steps[gs.astype(np.int64)] = True
-    ctx.extra["_graph_steps"] = graph_steps
-    ctx.attainment_inputs = inp = attainment_inputs(trace, ctx.options, ctx.devices, ctx.note)
-    for d in ctx.devices:
-        if not d["name"]:
+    inp = attainment_inputs(trace, options, devices, notes.note)
+    for d in devices:
+        if not d.name:
             given = (f"peaks from {inp.peak.selection or inp.peak.name}" if inp.peak is not None
                      else "peak numbers cannot be resolved from it (use --gpu)")
-            ctx.note("unnamed_device", f"device {d['id']} has no name in the trace: {given}")
-    ctx.extra["_moe_layer_bytes"] = moe_layer_bytes(steps, inp)  # the kernel table's MoE rows
-    ctx.extra["gpu"] = _gpu_dict(inp.peak)
-    ctx.extra["model"] = _model_dict(inp)
+            notes.note("unnamed_device", f"device {d.id} has no name in the trace: {given}")
+    return AttainmentPrep(steps, graph_steps, inp, moe_layer_bytes(steps, inp), _gpu(inp.peak), _model_info(inp),
+                          tuple(notes.issues))
 
 
 FINDINGS = declared("attainment")
-
-
-def findings(report: dict, device: Any, out: dict) -> None:
-    """Model-level findings from the report's ``model`` object."""
-    m = report.get("model") or {}
-    wb, params = num(m.get("weight_bytes")), num(m.get("params_total"))
-    tp = num(m.get("tp")) or 1
-    # weight_bytes is per rank under tensor parallelism: the whole model's bits per weight
-    out["model.weight_bits"] = wb * tp * 8 / params if wb and params else None
-
-
-def findings_of_phase(p: dict, out: dict) -> None:
-    """Flatten one phase row's roofline numbers into ``out`` (names in :data:`FINDINGS`)."""
-    n = p["name"]
-    for k in ("mfu", "mbu", "achieved_tflops", "achieved_tbps", "arithmetic_intensity", "bound_ratio",
-              "peak_tbps", "peak_tflops", "flops", "bytes", "forward_coverage", "graph_coverage"):
-        if k in p:
-            out[f"{n}.{k}"] = num(p.get(k))
-    if "bound" in p:
-        b = p.get("bound")
-        out[f"{n}.compute_bound"] = 1 if b == "compute" else 0 if b == "memory" else None
-    if "achieved_tbps" in p or "peak_tbps" in p:
-        out[f"{n}.bandwidth_over_peak"] = div(p.get("achieved_tbps"), p.get("peak_tbps"))

@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analyzers.base import declared
-from diagnose.numeric import div, num
 from diagnose.trace.model import factorize
 from diagnose.vocab import CATEGORIES, SHARE_CATEGORIES
 
@@ -120,22 +119,3 @@ def category_ids(gpu: pd.DataFrame, name_codes: np.ndarray | None = None, names:
 
 
 FINDINGS = declared("categories", share_categories=", ".join(SHARE_CATEGORIES))
-
-
-def findings_of_phase(p: dict, out: dict) -> None:
-    """Flatten one phase row's category numbers into ``out`` (names in :data:`FINDINGS`)."""
-    n = p["name"]
-    for k in ("attention_share", "kernel_ms", "kernel_count", "activity_count"):
-        out[f"{n}.{k}"] = num(p.get(k))
-    cats = p.get("categories_ms") or {}
-    kernel_ms = num(p.get("kernel_ms"))
-    for c in CATEGORIES:
-        out[f"{n}.{c}_ms"] = num(cats.get(c, 0.0))
-    for c in SHARE_CATEGORIES:
-        out[f"{n}.{c}_share"] = div(cats.get(c, 0.0), kernel_ms)
-    out[f"{n}.comm_share"] = div(cats.get("communication", 0.0), kernel_ms)
-    en = cats.get("elementwise", 0.0) + cats.get("norm", 0.0)
-    out[f"{n}.elementwise_norm_ms"] = num(en)
-    out[f"{n}.elementwise_norm_share"] = div(en, kernel_ms)
-    kcats = {c: v for c, v in cats.items() if c not in ("memcpy", "memset")}
-    out[f"{n}.top_category_share"] = div(max(kcats.values()), kernel_ms) if kcats else None

@@ -36,7 +36,7 @@ graph's *capture* trace the way TraceLens does (``Trace2Tree/trace_capture_merge
 (``StreamBeginCapture`` .. ``StreamEndCapture``) records on the CPU are the graph's nodes in
 order, so the i-th launch of the window is the i-th activity of each replay of that graph
 (per kernel name in order when a scheduler reordered them), and the launch's ``External id``
-gives the op and shapes. See :func:`load_capture_mapping`.
+gives the op and shapes. See :func:`diagnose.trace.capture.load_capture_mapping`.
 
 **nsys traces** hold no operator shapes: rows give time per kernel only (``op`` None,
 ``shapes_unknown`` says why).
@@ -49,10 +49,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -68,9 +67,10 @@ from diagnose.analyzers.opcost import (
     is_moe_op,
     op_cost,
 )
-from diagnose.errors import TraceFormatError
 from diagnose.hardware import GpuPeak
-from diagnose.trace.model import Trace, factorize
+from diagnose.model import Capture, KernelRow
+from diagnose.trace.capture import CaptureMapping
+from diagnose.trace.model import QualityIssue, Trace, factorize
 
 _dec = msgspec.json.Decoder()
 
@@ -97,184 +97,6 @@ SHAPES_UNKNOWN = {
     _NSYS: "Nsight Systems trace: no operator shapes (time per kernel only)",
     _NO_OPS: "the trace holds no operator (cpu_op) events: time per kernel only",
 }
-
-
-# ----------------------------------------------------------------------------- capture traces
-
-
-class _CArgs(msgspec.Struct, gc=False):
-    external_id: Any = msgspec.field(default=None, name="External id")
-    kernel: Any = None
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
-    input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
-    concrete: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
-
-
-class _CEvent(msgspec.Struct, gc=False):
-    ph: Any = None
-    cat: Any = None
-    name: Any = None
-    ts: Any = None
-    dur: Any = None
-    args: _CArgs | None = None
-
-
-class _CDoc(msgspec.Struct, gc=False):
-    traceEvents: list[_CEvent] = []
-
-
-@dataclass(frozen=True)
-class CaptureWindow:
-    """The GPU work one stream capture recorded, in CPU launch order.
-
-    Attributes:
-        kinds: per launch, "kernel" | "memcpy" | "memset".
-        kernels: per launch, the kernel name (ROCm runtime events carry it as ``args.kernel``)
-            or None (CUDA runtime events do not: alignment is then by kind and count only).
-        op_names, op_dims, op_types, op_concrete: per launch, the launching operator (the
-            ``cpu_op`` whose ``External id`` the launch carries) and its raw ``Input Dims``,
-            ``Input type``, ``Concrete Inputs`` JSON bytes; None where no op.
-        op_call: per launch, an int numbering the op call within the window (launches of one
-            call share it).
-    """
-
-    kinds: tuple[str, ...]
-    kernels: tuple[str | None, ...]
-    op_names: tuple[str | None, ...]
-    op_dims: tuple[bytes | None, ...]
-    op_types: tuple[bytes | None, ...]
-    op_concrete: tuple[bytes | None, ...]
-    op_call: tuple[int, ...]
-
-
-@dataclass
-class CaptureMapping:
-    """Capture windows of one graph-capture trace (see :func:`load_capture_mapping`).
-
-    Attributes:
-        path: the capture trace.
-        batch_size: the padded batch (vLLM: tokens) the graphs were captured for, from the
-            TraceLens sidecar ``execution_details.json`` or a ``capture_<bs>_<MODE>``
-            annotation; None if unknown (then not checked against the replayed step).
-        mode: "FULL" | "PIECEWISE" | None, same sources.
-        windows: the capture windows in time order.
-        notes: what was skipped or assumed while reading.
-    """
-
-    path: str
-    batch_size: int | None
-    mode: str | None
-    windows: list[CaptureWindow] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
-def _raw(r: msgspec.Raw) -> bytes | None:
-    b = bytes(r)
-    return b or None
-
-
-def _sidecar(path: str) -> tuple[int | None, str | None]:
-    side = os.path.join(os.path.dirname(os.path.abspath(path)), "execution_details.json")
-    if not os.path.isfile(side):
-        return None, None
-    try:
-        with open(side, "rb") as f:
-            entries = _dec.decode(f.read())
-    except (OSError, msgspec.DecodeError):
-        return None, None
-    base = os.path.basename(path)
-    for e in entries if isinstance(entries, list) else []:
-        if isinstance(e, dict) and e.get("file") == base:
-            bs = e.get("batch_size")
-            return (bs if isinstance(bs, int) else None), (e.get("mode") if isinstance(e.get("mode"), str) else None)
-    return None, None
-
-
-_CAPTURE_ANN = re.compile(r"^capture_(\d+)_([A-Z]+)$")
-
-
-def load_capture_mapping(capture_trace: str) -> CaptureMapping:
-    """Read a CUDA/HIP graph *capture* trace (Kineto JSON, plain or gzip) into its windows.
-
-    A window runs from the end of a ``(cuda|hip)StreamBeginCapture`` call to the start of the
-    next ``StreamEndCapture``; its launches are the runtime/driver calls inside it whose name
-    holds ``Launch`` (not ``GraphLaunch``/``HostFunc``), ``Memcpy`` or ``Memset``, in start
-    order (TraceLens ``find_capture_roots`` + ``get_subtree_events`` with the same filter).
-    Each launch's ``External id`` names its operator (TraceLens reaches the same op through
-    the call-stack tree).
-
-    Raises:
-        TraceFormatError: unreadable file or not a Kineto JSON object with ``traceEvents``.
-    """
-    from diagnose.trace.reading import read_bytes
-
-    buf = read_bytes(capture_trace)
-    try:
-        doc = msgspec.json.decode(buf, type=_CDoc)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise TraceFormatError(f"{capture_trace}: not a Kineto trace with traceEvents ({e})") from None
-    ops: dict[int, tuple[float, _CEvent]] = {}
-    begins, ends, launches, bs_ann = [], [], [], []
-    for ev in doc.traceEvents:
-        cat, name = ev.cat, ev.name
-        if not isinstance(name, str) or not isinstance(ev.ts, (int, float)):
-            continue
-        if cat in ("cpu_op", "Operator"):
-            x = ev.args.external_id if ev.args is not None else None
-            if isinstance(x, int) and (x not in ops or ev.ts >= ops[x][0]):  # innermost (latest start)
-                ops[x] = (ev.ts, ev)
-        elif cat in ("cuda_runtime", "cuda_driver", "Runtime"):
-            if "BeginCapture" in name:
-                begins.append(ev.ts + (ev.dur or 0))
-            elif "EndCapture" in name:
-                ends.append(ev.ts)
-            elif (("Launch" in name and "GraphLaunch" not in name and "HostFunc" not in name)
-                  or "Memcpy" in name or "Memset" in name):
-                launches.append(ev)
-        elif cat == "user_annotation":
-            m = _CAPTURE_ANN.match(name)
-            if m:
-                bs_ann.append((int(m.group(1)), m.group(2)))
-    bs, mode = _sidecar(capture_trace)
-    if bs is None and bs_ann:
-        bs, mode = bs_ann[0]
-    out = CaptureMapping(path=capture_trace, batch_size=bs, mode=mode)
-    begins.sort()
-    ends.sort()
-    launches.sort(key=lambda e: e.ts)
-    lts = np.array([e.ts for e in launches], dtype=np.float64)
-    lend = np.array([e.ts + (e.dur or 0) for e in launches], dtype=np.float64)
-    j = 0
-    for b in begins:
-        while j < len(ends) and ends[j] < b:
-            j += 1
-        if j == len(ends):
-            out.notes.append("a StreamBeginCapture without a later StreamEndCapture: window skipped")
-            break
-        e_ts = ends[j]
-        j += 1
-        sel = np.nonzero((lts >= b) & (lend <= e_ts))[0]
-        kinds, kernels, names, dims, types, conc, call = [], [], [], [], [], [], []
-        call_ids: dict[Any, int] = {}
-        for i in sel:
-            ev = launches[i]
-            kinds.append("memcpy" if "Memcpy" in ev.name else "memset" if "Memset" in ev.name else "kernel")
-            a = ev.args
-            kn = a.kernel if a is not None and isinstance(a.kernel, str) else None
-            kernels.append(kn)
-            x = a.external_id if a is not None else None
-            op = ops.get(x)[1] if isinstance(x, int) and x in ops else None
-            names.append(op.name if op is not None else None)
-            oa = op.args if op is not None else None
-            dims.append(_raw(oa.input_dims) if oa is not None else None)
-            types.append(_raw(oa.input_types) if oa is not None else None)
-            conc.append(_raw(oa.concrete) if oa is not None else None)
-            call.append(call_ids.setdefault(x if op is not None else ("launch", int(i)), len(call_ids)))
-        out.windows.append(CaptureWindow(tuple(kinds), tuple(kernels), tuple(names), tuple(dims), tuple(types),
-                                         tuple(conc), tuple(call)))
-    if not begins:
-        out.notes.append("no StreamBeginCapture in the trace: not a graph-capture trace")
-    return out
 
 
 # ----------------------------------------------------------------------------- step sequence info
@@ -640,7 +462,7 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
             when present).
         peak: the device's peaks, or None (then the ``peak_*_share`` columns and ``bound``
             are unknown).
-        capture: graph-capture trace(s) from :func:`load_capture_mapping` to map kernels
+        capture: graph-capture trace(s) from :func:`~diagnose.trace.capture.load_capture_mapping` to map kernels
             replayed from CUDA/HIP graphs back to ops and shapes; None: those rows say
             ``shapes_unknown``.
         steps: ``Analysis.steps`` (rows in the order ``activities.step`` indexes): step
@@ -1014,54 +836,53 @@ KERNEL_TABLE_ROWS = 20
 FINDINGS = ()
 
 
-def run(ctx) -> None:
-    """The kernel table of the analysed trace: ``ctx.extra["kernel_table"]`` (top
-    :data:`KERNEL_TABLE_ROWS` rows, JSON-ready) and ``ctx.extra["_kernel_table"]`` (the whole
-    DataFrame). ``--capture-trace`` maps kernels replayed from CUDA graphs to ops and shapes
-    (the quality note ``graph_kernels_no_launch`` then says how many it mapped); a MoE model
-    config gives MoE kernels their expected expert bytes
-    (:func:`diagnose.analyzers.attainment.moe_layer_bytes`, computed by the attainment analyzer).
+@dataclass(frozen=True)
+class KernelSection:
+    """The kernel table of the analysed trace (the whole DataFrame; the report keeps its top
+    :data:`KERNEL_TABLE_ROWS` rows), what ``--capture-trace`` mapped, and the reworded
+    ``graph_kernels_no_launch`` note once the capture mapped graph kernels to ops."""
 
-    Raises:
-        TraceFormatError: the capture trace cannot be read.
-    """
-    inp = ctx.attainment_inputs
-    capture = load_capture_mapping(ctx.options.capture_trace) if ctx.options.capture_trace else None
-    kt = kernel_table(ctx.trace, ctx.activities, inp.peak if inp is not None else None, capture, ctx.steps,
-                      moe=ctx.extra.get("_moe_layer_bytes"))
+    table: pd.DataFrame
+    rows: list[KernelRow]
+    capture: Capture | None = None
+    notes: tuple[QualityIssue, ...] = ()
+
+
+def kernel_section(trace: Trace, activities: pd.DataFrame, steps: pd.DataFrame, peak: GpuPeak | None,
+                   capture: CaptureMapping | None, moe: MoeLayerBytes | None, graph_note: QualityIssue | None = None) -> KernelSection:
+    """The kernel table (:func:`kernel_table`) and its report rows. ``capture`` maps kernels
+    replayed from CUDA graphs to ops and shapes (``graph_note``, the launches analyzer's
+    ``graph_kernels_no_launch`` issue, is then reworded to say how many it mapped); ``moe``
+    (:func:`diagnose.analyzers.attainment.moe_layer_bytes`) gives MoE kernels their expected
+    expert bytes."""
+    kt = kernel_table(trace, activities, peak, capture, steps, moe=moe)
+    notes: tuple[QualityIssue, ...] = ()
+    if capture is not None and graph_note is not None:
+        reworded = _reword_graph_note(activities, kt, graph_note)
+        notes = (reworded,) if reworded is not None else ()
+    rows = []
+    for r in kernel_records(kt, KERNEL_TABLE_ROWS):
+        rows.append(KernelRow(**{k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()}))
+    cap = None
     if capture is not None:
-        _reword_graph_note(ctx, kt)
-    ctx.extra["_kernel_table"] = kt
-    rows = kernel_records(kt, KERNEL_TABLE_ROWS)
-    for r in rows:
-        for k, v in r.items():
-            if isinstance(v, float):
-                r[k] = round(v, 6)
-    ctx.extra["kernel_table"] = rows
-    if capture is not None:
-        ctx.extra["capture"] = {k: v for k, v in (kt.attrs.get("capture") or {}).items()} or {"path": ctx.options.capture_trace}
+        cap = Capture(**(kt.attrs.get("capture") or {})) if kt.attrs.get("capture") else Capture(path=capture.path)
+    return KernelSection(kt, rows, cap, notes)
 
 
-def _reword_graph_note(ctx, kt: pd.DataFrame) -> None:
+def _reword_graph_note(g: pd.DataFrame, kt: pd.DataFrame, q: QualityIssue) -> QualityIssue | None:
     """The launches analyzer's ``graph_kernels_no_launch`` note says op-level attribution is
     unavailable for graph-replayed kernels; once the capture trace mapped them to their ops,
     say how many it mapped instead (code and count unchanged)."""
     mapped = int((kt.attrs.get("capture") or {}).get("kernels_mapped") or 0)
-    g = ctx.activities
     if not mapped or g is None or "launch_kind" not in g:
-        return
+        return None
     is_graph = g["launch_kind"].to_numpy(dtype=object) == "graph_launch"
     n_kernels = int((is_graph & (g["kind"].to_numpy(dtype=object) == "kernel")).sum())
     n_launch = int(pd.unique(g["correlation"].to_numpy()[is_graph]).size)
-    for i, q in enumerate(ctx.quality):
-        if q.code != "graph_kernels_no_launch":
-            continue
-        n = q.count if q.count is not None else int(is_graph.sum())
-        if mapped >= n_kernels:
-            tail = f"the capture trace (--capture-trace) mapped all {mapped} replayed kernels to their operators and shapes"
-        else:
-            tail = (f"the capture trace (--capture-trace) mapped {mapped} of the {n_kernels} replayed kernels to their "
-                    "operators and shapes; op-level attribution unavailable for the rest")
-        ctx.quality[i] = dataclasses.replace(q, message=f"{n} kernels replayed from {n_launch} graph launch(es): "
-                                                        f"no per-kernel launch call; {tail}")
-        break
+    n = q.count if q.count is not None else int(is_graph.sum())
+    if mapped >= n_kernels:
+        tail = f"the capture trace (--capture-trace) mapped all {mapped} replayed kernels to their operators and shapes"
+    else:
+        tail = (f"the capture trace (--capture-trace) mapped {mapped} of the {n_kernels} replayed kernels to their "
+                "operators and shapes; op-level attribution unavailable for the rest")
+    return dataclasses.replace(q, message=f"{n} kernels replayed from {n_launch} graph launch(es): no per-kernel launch call; {tail}")

@@ -23,14 +23,11 @@ Definitions (README "Definitions"; the step time model is :mod:`diagnose.analyze
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 import pandas as pd
 
-from diagnose.analyzers.base import Context, declared
-from diagnose.numeric import div, num
+from diagnose.analyzers.base import declared
+from diagnose.model import Latency, Percentiles
 from diagnose.trace.model import NO_TIME
 
 
@@ -80,39 +77,20 @@ def union_ns(start_ns: np.ndarray, end_ns: np.ndarray) -> int:
     return union_busy_ns(np.asarray(start_ns, dtype=np.int64), np.asarray(end_ns, dtype=np.int64))
 
 
-def percentiles_ms(samples_ns: np.ndarray) -> dict[str, float | None]:
+def percentiles_ms(samples_ns: np.ndarray) -> Percentiles:
     """p50/p90/p99 (and mean) in ms; None when there is no sample."""
     if len(samples_ns) == 0:
-        return {"p50": None, "p90": None, "p99": None, "mean": None}
+        return Percentiles(p50_ms=None, p90_ms=None, p99_ms=None, mean_ms=None)
     x = np.asarray(samples_ns, dtype=np.float64) / 1e6
     p50, p90, p99 = np.percentile(x, [50, 90, 99])
-    return {"p50": round(float(p50), 6), "p90": round(float(p90), 6), "p99": round(float(p99), 6), "mean": round(float(x.mean()), 6)}
+    return Percentiles(p50_ms=round(float(p50), 6), p90_ms=round(float(p90), 6), p99_ms=round(float(p99), 6),
+                       mean_ms=round(float(x.mean()), 6))
 
 
 TPOT_INTERVALS = "interval between completions of consecutive decode steps"
 TPOT_SINGLE = "single decode step: its own time (GPU span minus external waits)"
 ITL_INTERVALS = "interval between completions of consecutive decode or mixed steps with decode requests"
 ITL_SINGLE = "single step with decode requests: its own time"
-
-
-@dataclass(frozen=True)
-class LatencyFindings:
-    """TTFT proxy, TPOT and ITL distributions (ms), with the sample counts behind them."""
-
-    ttft_ms: float | None = None
-    ttft_samples: int = 0
-    tpot_ms: dict[str, float | None] = field(default_factory=lambda: percentiles_ms(np.zeros(0)))
-    tpot_samples: int = 0
-    tpot_definition: str = TPOT_INTERVALS
-    itl_ms: dict[str, float | None] = field(default_factory=lambda: percentiles_ms(np.zeros(0)))
-    itl_samples: int = 0
-    itl_definition: str = ITL_INTERVALS
-    prefill_step_ms: dict[str, float | None] = field(default_factory=lambda: percentiles_ms(np.zeros(0)))
-    decode_step_ms: dict[str, float | None] = field(default_factory=lambda: percentiles_ms(np.zeros(0)))
-    mixed_step_ms: dict[str, float | None] = field(default_factory=lambda: percentiles_ms(np.zeros(0)))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 def _intervals(done: np.ndarray, own: np.ndarray, single: str, several: str) -> tuple[np.ndarray, str]:
@@ -123,10 +101,14 @@ def _intervals(done: np.ndarray, own: np.ndarray, single: str, several: str) -> 
     return np.zeros(0, dtype=np.int64), several
 
 
-def latency_findings(steps: pd.DataFrame) -> LatencyFindings:
-    """TTFT proxy, TPOT and ITL from a step table with ``done_ns`` and ``own_ns``."""
+def latency_findings(steps: pd.DataFrame, definition: str | None = None) -> Latency:
+    """TTFT proxy, TPOT and ITL from a step table with ``done_ns`` and ``own_ns``
+    (``definition``: replaces both sample definitions, e.g. when fragment steps were left out)."""
+    empty = percentiles_ms(np.zeros(0))
     if len(steps) == 0:
-        return LatencyFindings()
+        return Latency(ttft_ms=None, ttft_samples=0, tpot_ms=empty, tpot_samples=0, tpot_definition=definition or TPOT_INTERVALS,
+                       itl_ms=empty, itl_samples=0, itl_definition=definition or ITL_INTERVALS, prefill_step_ms=empty,
+                       decode_step_ms=empty, mixed_step_ms=empty)
     steps = steps.sort_values("start_ns", kind="stable")
     done = steps["done_ns"].to_numpy(dtype=np.int64)
     own = steps["own_ns"].to_numpy(dtype=np.int64)
@@ -137,11 +119,11 @@ def latency_findings(steps: pd.DataFrame) -> LatencyFindings:
     tpot, tpot_def = _intervals(done[is_dec], own[is_dec], TPOT_SINGLE, TPOT_INTERVALS)
     gives_token = is_dec | ((phase == "mixed") & ~(dreq == 0))
     itl, itl_def = _intervals(done[gives_token], own[gives_token], ITL_SINGLE, ITL_INTERVALS)
-    return LatencyFindings(
+    return Latency(
         ttft_ms=round(float(pre[0]) / 1e6, 6) if len(pre) else None,
         ttft_samples=int(len(pre)),
-        tpot_ms=percentiles_ms(tpot), tpot_samples=int(len(tpot)), tpot_definition=tpot_def,
-        itl_ms=percentiles_ms(itl), itl_samples=int(len(itl)), itl_definition=itl_def,
+        tpot_ms=percentiles_ms(tpot), tpot_samples=int(len(tpot)), tpot_definition=definition or tpot_def,
+        itl_ms=percentiles_ms(itl), itl_samples=int(len(itl)), itl_definition=definition or itl_def,
         prefill_step_ms=percentiles_ms(pre),
         decode_step_ms=percentiles_ms(own[is_dec]),
         mixed_step_ms=percentiles_ms(own[phase == "mixed"]),
@@ -149,123 +131,3 @@ def latency_findings(steps: pd.DataFrame) -> LatencyFindings:
 
 
 FINDINGS = declared("latency")
-
-
-def run(ctx: Context) -> None:
-    """Add GPU ranges, wall and completion times to the step table; TTFT proxy, TPOT and ITL
-    (``ctx.latency``)."""
-    ctx.steps = step_table(ctx.steps, ctx.activities)
-    ctx.latency = latency_findings(ctx.steps)
-
-
-def _pct(values: list, q: float) -> float | None:
-    """Percentile with numpy's linear interpolation, None when empty."""
-    return float(np.percentile(values, q)) if len(values) else None
-
-
-def findings_of_phase(p: dict, out: dict) -> None:
-    n = p["name"]
-    out[f"{n}.steps"] = num(p.get("steps"))
-    out[f"{n}.wall_ms"] = num(p.get("wall_ms"))
-    out[f"{n}.own_ms"] = num(p.get("own_ms"))
-
-
-def findings(report: dict, device, out: dict) -> None:
-    """Flatten ``latency`` and ``steps`` of a report into ``out`` (names in :data:`FINDINGS`)."""
-    lat = report.get("latency") or {}
-    out["latency.ttft_ms"] = num(lat.get("ttft_ms"))
-    out["latency.ttft_samples"] = num(lat.get("ttft_samples"))
-    pre = lat.get("prefill_step_ms") or {}
-    tp = lat.get("tpot_ms") or {}
-    itl = lat.get("itl_ms") or {}
-    dec = lat.get("decode_step_ms") or {}
-    for q in ("p50", "p90", "p99"):
-        out[f"latency.ttft_{q}_ms"] = num(pre.get(q))
-        out[f"latency.tpot_{q}_ms"] = num(tp.get(q))
-        out[f"latency.itl_{q}_ms"] = num(itl.get(q))
-        out[f"latency.prefill_step_{q}_ms"] = num(pre.get(q))
-        out[f"latency.decode_step_{q}_ms"] = num(dec.get(q))
-    out["latency.tpot_mean_ms"] = num(tp.get("mean"))
-    out["latency.tpot_samples"] = num(lat.get("tpot_samples"))
-    out["latency.itl_samples"] = num(lat.get("itl_samples"))
-    out["latency.tpot_p99_over_p50"] = div(tp.get("p99"), tp.get("p50"))
-    _step_findings(list(report.get("steps") or []), out)
-    out["latency.decode_throughput_tok_s"] = (
-        div(out["steps.decode_p50_batch"] * 1000.0, out["latency.tpot_p50_ms"])
-        if out.get("steps.decode_p50_batch") is not None else None
-    )
-
-
-def _step_findings(steps: list[dict], out: dict) -> None:
-    steps = sorted(steps, key=lambda s: (num(s.get("start_ns")) or 0))
-    by = {ph: [s for s in steps if s.get("phase") == ph] for ph in ("prefill", "decode", "mixed")}
-    out["steps.count"] = len(steps)
-    for ph in ("prefill", "decode", "mixed"):
-        out[f"steps.{ph}_count"] = len(by[ph])
-    pw = [w for w in (num(s.get("own_ms")) for s in by["prefill"]) if w is not None]
-    dw = [w for w in (num(s.get("own_ms")) for s in by["decode"]) if w is not None]
-    out["steps.prefill_max_ms"] = max(pw) if pw else None
-    out["steps.prefill_p50_ms"] = _pct(pw, 50)
-    out["steps.decode_p50_ms"] = _pct(dw, 50)
-    out["steps.decode_p99_ms"] = _pct(dw, 99)
-    out["steps.decode_max_ms"] = max(dw) if dw else None
-
-    # Prefill (or mixed) steps with a decode step both before and after them (S5).
-    phases = [s.get("phase") for s in steps]
-    dec_idx = [i for i, ph in enumerate(phases) if ph == "decode"]
-    if len(dec_idx) >= 2:
-        lo, hi = dec_idx[0], dec_idx[-1]
-        inter = [num(steps[i].get("own_ms")) for i in range(lo + 1, hi) if phases[i] in ("prefill", "mixed")]
-        inter = [w for w in inter if w is not None]
-        out["steps.prefill_interleaved_count"] = len(inter)
-        out["steps.prefill_interleaved_max_ms"] = max(inter) if inter else 0.0
-    else:
-        out["steps.prefill_interleaved_count"] = 0
-        out["steps.prefill_interleaved_max_ms"] = None
-
-    mixed = [s for s in by["mixed"] if num(s.get("own_ms")) is not None]
-    longest = max(mixed, key=lambda s: num(s.get("own_ms"))) if mixed else None
-    out["steps.mixed_max_ms"] = num(longest.get("own_ms")) if longest else None
-    out["steps.mixed_max_decode_requests"] = num(longest.get("decode_requests")) if longest else None
-    out["steps.mixed_max_tokens"] = num(longest.get("tokens")) if longest else None
-
-    db = [b for b in (num(s.get("batch")) for s in by["decode"]) if b is not None]
-    dc = [c for c in (num(s.get("context")) for s in by["decode"]) if c is not None]
-    out["steps.decode_p50_batch"] = _pct(db, 50)
-    out["steps.decode_max_batch"] = max(db) if db else None
-    out["steps.decode_p50_context"] = _pct(dc, 50)
-    out["steps.decode_max_context"] = max(dc) if dc else None
-    ptoks, prompts = [], []
-    for s in by["prefill"]:
-        t, b = num(s.get("tokens")), num(s.get("batch"))
-        if t is not None:
-            ptoks.append(t)
-            prompts.append(t / b if b else t)
-    out["steps.prefill_max_tokens"] = max(ptoks) if ptoks else None
-    out["steps.prefill_max_prompt_tokens"] = max(prompts) if prompts else None
-    out["steps.prefill_p50_prompt_tokens"] = _pct(prompts, 50)
-
-    # User-timed CPU regions shorter than the GPU work they launched (S7). Engine step
-    # markers (vLLM, SGLang, this project's collector) end before their GPU work by design
-    # (asynchronous launch); only regions the user timed themselves (--phase-regex) count.
-    with_gpu = timed = shorter = 0
-    ratios = []
-    for s in steps:
-        cs, ce = num(s.get("start_ns")), num(s.get("end_ns"))
-        gs, ge = num(s.get("gpu_start_ns")), num(s.get("gpu_end_ns"))
-        if None in (cs, ce, gs, ge) or s.get("scope", "cpu") != "cpu":
-            continue
-        with_gpu += 1
-        if not str(s.get("grammar") or "").startswith("user:"):
-            continue
-        timed += 1
-        cpu, gpu = ce - cs, ge - gs
-        if ce < ge and cpu < gpu:
-            shorter += 1
-        if cpu > 0:
-            ratios.append(gpu / cpu)
-    out["steps.with_gpu_count"] = with_gpu
-    out["steps.user_timed_count"] = timed
-    out["steps.cpu_shorter_than_gpu_count"] = shorter if timed else None
-    out["steps.cpu_shorter_than_gpu_share"] = shorter / timed if timed else None
-    out["steps.max_gpu_over_cpu"] = max(ratios) if ratios else None

@@ -20,10 +20,10 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from diagnose.analyzers.base import Context
+from diagnose.analyzers.base import Notes
 from diagnose.errors import DiagnoseError
 from diagnose.trace.kineto import parse_input_dims
-from diagnose.trace.model import NO_TIME, Trace, factorize
+from diagnose.trace.model import NO_TIME, QualityIssue, Trace, factorize
 
 from diagnose.vocab import STEP_PHASES as PHASES  # noqa: E402
 
@@ -414,30 +414,44 @@ def assign_steps(trace: Trace, steps: pd.DataFrame, launches: pd.DataFrame) -> n
 FINDINGS = ()
 
 
-def run(ctx: Context) -> None:
-    """The step table from markers (``--phase-regex`` first), else from operator shapes."""
-    trace = ctx.trace
-    user = user_grammars(ctx.options.phase_regex)
+@dataclass(frozen=True)
+class StepSplit:
+    """The step table and its containers (:func:`find_steps`), with the quality notes the
+    split raised (phases from shapes, a training trace, no markers, an unmatched regex)."""
+
+    steps: pd.DataFrame
+    containers: pd.DataFrame
+    notes: tuple[QualityIssue, ...] = ()
+
+
+def split_steps(trace: Trace, phase_regex: tuple[str, ...] | list[str] = (), batch: int | None = None) -> StepSplit:
+    """The step table from markers (``--phase-regex`` first), else from operator shapes
+    (``batch``: the ``--batch`` hint for flattened linears).
+
+    Raises:
+        DiagnoseError: a malformed ``--phase-regex``.
+    """
+    notes = Notes()
+    user = user_grammars(phase_regex)
     steps, containers = find_steps(trace, user)
     if user:
         used = set(steps["grammar"]) if len(steps) else set()
-        unmatched = [spec for spec, g in zip(ctx.options.phase_regex, user) if g.name not in used]
+        unmatched = [spec for spec, g in zip(phase_regex, user) if g.name not in used]
         if unmatched:
-            ctx.note("phase_regex_unmatched", "--phase-regex " + ", ".join(unmatched) + " matched no range in the trace "
-                     "(check the marker names: diagnose run --format json lists the steps found)", len(unmatched))
+            notes.note("phase_regex_unmatched", "--phase-regex " + ", ".join(unmatched) + " matched no range in the trace "
+                       "(check the marker names: diagnose run --format json lists the steps found)", len(unmatched))
     if len(steps) == 0:
-        steps = steps_from_shapes(trace, ctx.options.batch)
+        steps = steps_from_shapes(trace, batch)
         if len(steps):
             windows = "the ProfilerStep ranges" if steps["name"].astype(str).str.startswith("ProfilerStep#").any() else "the whole trace"
-            ctx.note("phases_from_shapes", f"no serving-engine step markers: the steps are {windows}, their phase inferred from "
-                     "operator shapes (aten::linear [B,1,H] decode, [B,S>1,H] prefill; attention queries as long as their keys: "
-                     "prefill)")
+            notes.note("phases_from_shapes", f"no serving-engine step markers: the steps are {windows}, their phase inferred from "
+                       "operator shapes (aten::linear [B,1,H] decode, [B,S>1,H] prefill; attention queries as long as their keys: "
+                       "prefill)")
         else:
             _, backward = _backward_ops(trace)
             if backward is not None:
-                ctx.note("training_trace", f"autograd backward ops in the trace (e.g. {backward!r}): a training step, not "
-                         "inference; phase 'unknown'")
+                notes.note("training_trace", f"autograd backward ops in the trace (e.g. {backward!r}): a training step, not "
+                           "inference; phase 'unknown'")
             else:
-                ctx.note("missing_markers", _why_no_phase(trace))
-    ctx.steps = steps
-    ctx.extra["_containers"] = containers
+                notes.note("missing_markers", _why_no_phase(trace))
+    return StepSplit(steps, containers, tuple(notes.issues))

@@ -1,25 +1,24 @@
 """Per-device, per-phase numbers: busy and idle time, gaps by kind, categories, top kernels,
 and the roofline numbers of each step phase.
 
-Sets ``ctx.phases``: one :class:`~diagnose.analyzers.result.PhaseResult` for ``all`` per
-device, one per step phase present on it, and ``unknown`` for activity no step claims.
+:func:`phase_rows` gives one :class:`~diagnose.model.PhaseRow` for ``all`` per device, one per
+step phase present on it, and ``unknown`` for activity no step claims.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from msgspec import UNSET
 
-from diagnose.analyzers.attainment import NO_ATTAINMENT, phase_attainment
-from diagnose.analyzers.base import Context, declared
-from diagnose.analyzers.latency import latency_findings, union_ns
-from diagnose.analyzers.result import PhaseResult
+from diagnose.analyzers.attainment import NO_ATTAINMENT, AttainmentPrep, phase_attainment
+from diagnose.analyzers.base import Notes, declared
+from diagnose.analyzers.latency import union_ns
 from diagnose.analyzers.timeline import gap_distribution, union_busy_ns
-from diagnose.analyzers.waits import HostIndex, caused_gaps, idle_by_cause_ms, longest, outside_waits_ns
-from diagnose.numeric import div, num
-from diagnose.trace.model import NO_TIME, Trace, per_unique
+from diagnose.analyzers.waits import HostIndex, StepWaits, caused_gaps, idle_by_cause_ms, longest, outside_waits_ns
+from diagnose.model import Attainment, Device, Gaps, PhaseRow, PhaseTimes, TopKernel
+from diagnose.trace.model import NO_TIME, QualityIssue, Trace, per_unique
 from diagnose.vocab import CATEGORIES, STEP_PHASES
 
 #: Kernels shorter than this are "small": each costs about as much to launch as to run
@@ -29,26 +28,14 @@ SMALL_KERNEL_NS = 15_000
 FINDINGS = declared("phasestats")
 
 
-def findings_of_phase(p: dict, out: dict) -> None:
-    n = p["name"]
-    for k in ("small_kernel_ms", "small_kernel_count", "h2d_ms", "comm_exposed_ms"):
-        out[f"{n}.{k}"] = num(p.get(k))
-    w = p.get("window_ms")
-    out[f"{n}.small_kernel_share"] = div(p.get("small_kernel_ms"), w)
-    out[f"{n}.h2d_share"] = div(p.get("h2d_ms"), w)
-    out[f"{n}.comm_exposed_share"] = div(p.get("comm_exposed_ms"), w)
-    top = p.get("top_kernels") or []
-    out[f"{n}.top_kernel_share"] = num(top[0].get("share")) if top else None
-
-
 def _r(x: float | None, nd: int = 6) -> float | None:
     return None if x is None else round(float(x), nd)
 
 
 def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, wall_ns: int, unreliable: tuple[str, ...] = (),
-                attainment: dict[str, Any] | None = None, own_ns: int | None = None, host: HostIndex | None = None,
+                attainment: Attainment | None = None, own_ns: int | None = None, host: HostIndex | None = None,
                 t0: int = 0,
-                outside: tuple[np.ndarray, np.ndarray] | None = None) -> PhaseResult:
+                outside: tuple[np.ndarray, np.ndarray] | None = None) -> PhaseRow:
     """Timeline, category, gap-cause and top-kernel numbers of one phase on one device
     (``sub``: its activities; ``host``: what the host did, for the gap causes; ``outside``:
     sorted start/end ns of the steps' ``outside_trace`` waits on this device: a queued gap
@@ -83,23 +70,21 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
              "category": sub["category"].to_numpy()[is_kernel][first]},
             index=pd.Index(sub["name"].to_numpy(dtype=object)[is_kernel][first], dtype=object))
         for kname, r in agg.sort_values("total_ns", ascending=False).head(10).iterrows():
-            top.append(
-                {"name": kname[:200], "category": r["category"], "count": int(r["count"]),
-                 "total_ms": round(float(r["total_ns"]) / 1e6, 6),
-                 "share": round(float(r["total_ns"]) / kernel_ns, 6) if kernel_ns else None}
-            )
-    gap_info = {
-        "launch": gap_distribution(gaps.launch_gaps_ns),
-        "all": gap_distribution(gaps.all_gaps_ns),
-        "ms_by_kind": {k: round(v / 1e6, 6) for k, v in gaps.gap_ns_by_kind.items()},
-        "count_by_kind": dict(gaps.gap_count_by_kind),
-        "longest": longest(cg, host, tids[cg.next_idx] if len(cg.next_idx) else tids[:0],
-                           names[cg.next_idx] if len(cg.next_idx) else names[:0], t0),
-    }
-    return PhaseResult(
+            top.append(TopKernel(name=kname[:200], category=r["category"], count=int(r["count"]),
+                                 total_ms=round(float(r["total_ns"]) / 1e6, 6),
+                                 kernel_time_share=round(float(r["total_ns"]) / kernel_ns, 6) if kernel_ns else None))
+    gap_info = Gaps(
+        launch=gap_distribution(gaps.launch_gaps_ns),
+        all=gap_distribution(gaps.all_gaps_ns),
+        ms_by_kind={k: round(v / 1e6, 6) for k, v in gaps.gap_ns_by_kind.items()},
+        count_by_kind=dict(gaps.gap_count_by_kind),
+        longest=longest(cg, host, tids[cg.next_idx] if len(cg.next_idx) else tids[:0],
+                        names[cg.next_idx] if len(cg.next_idx) else names[:0], t0),
+    )
+    times = PhaseTimes(
         name=name,
         device=device,
-        steps=n_steps,
+        step_count=n_steps,
         wall_ms=round(wall_ns / 1e6, 6),
         own_ms=None if own_ns is None else round(own_ns / 1e6, 6),
         window_ms=round(gaps.window_ns / 1e6, 6),
@@ -118,9 +103,9 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
         h2d_ms=round(float(dur[h2d].sum()) / 1e6, 6),
         comm_exposed_ms=round(comm_exposed_ns / 1e6, 6),
         top_kernels=top,
-        attainment=dict(attainment if attainment is not None else NO_ATTAINMENT),
-        unreliable=tuple(unreliable),
+        unreliable=list(unreliable),
     )
+    return PhaseRow.of(times, attainment if attainment is not None else NO_ATTAINMENT)
 
 
 
@@ -131,20 +116,33 @@ TPOT_FRAGMENTS = ("steps whose window holds part of a forward (quality 'fragment
                   "interval between completions of consecutive whole decode steps")
 
 
-def run(ctx: Context) -> None:
-    trace, g, steps = ctx.trace, ctx.activities, ctx.steps
-    host, t0 = ctx.extra.get("_host"), ctx.extra.get("_t0", 0)
-    kw = {"host": host, "t0": t0}
-    unreliable = tuple(ctx.extra.get("_unreliable", ()))
-    graph_steps = ctx.extra.get("_graph_steps")
-    devices_present = [d["id"] for d in ctx.devices]
-    phases: list[PhaseResult] = []
+@dataclass(frozen=True)
+class PhaseRows:
+    """The phase rows of every device, the steps that hold part of a forward (the trace-type
+    test's and the model-config FLOP coverage's), and the notes (fragment, bandwidth above peak)."""
+
+    rows: list[PhaseRow]
+    fragment_steps: frozenset[int] = frozenset()
+    notes: tuple[QualityIssue, ...] = ()
+
+
+def phase_rows(trace: Trace, activities: pd.DataFrame, steps: pd.DataFrame, waits: StepWaits, devices: list[Device],
+               prep: AttainmentPrep, unreliable: tuple[str, ...] = (), fragment_steps: tuple[int, ...] = ()) -> PhaseRows:
+    """One row for ``all`` per device, one per step phase present on it, and ``unknown`` for
+    activity no step claims. ``steps``: the step table with every analyzer's columns;
+    ``fragment_steps``: the steps the trace-type test found to hold part of a forward."""
+    g = activities
+    notes = Notes()
+    kw = {"host": waits.host, "t0": waits.t0_ns}
+    graph_steps = prep.graph_steps
+    devices_present = [d.id for d in devices]
+    phases: list[PhaseRow] = []
     phase_names = [p for p in STEP_PHASES if len(steps) and (steps["phase"] == p).any()]
-    frag_steps: set = set(ctx.extra.get("_fragment_steps") or ())
+    frag_steps: set = set(fragment_steps)
     for dev in devices_present or [None]:
         sub_all = g[g["device"] == dev] if dev is not None else g.iloc[0:0]
         dev_steps = steps if dev is None else steps[steps["device_activity_count"].apply(lambda m: dev in m)]
-        kw["outside"] = outside_waits_ns(dev_steps, t0)
+        kw["outside"] = outside_waits_ns(dev_steps, waits.t0_ns)
         all_wall = _all_wall_ns(sub_all, dev_steps) if (len(sub_all) or len(dev_steps)) else _cpu_span_ns(trace)
         phases.append(phase_stats("all", dev, sub_all, len(steps), all_wall, unreliable, **kw))
         for p in phase_names:
@@ -153,20 +151,20 @@ def run(ctx: Context) -> None:
             sub = sub_all[pm]
             if dev is not None and len(ps) == 0 and len(sub) == 0:
                 continue
-            att = phase_attainment(p, ps, ctx.attainment_inputs, graph_steps[ps.index.to_numpy()])
+            att = phase_attainment(p, ps, prep.inputs, graph_steps[ps.index.to_numpy()])
             unrel = list(unreliable)
-            cov = att.get("forward_coverage")
+            cov = None if att.forward_coverage is UNSET else att.forward_coverage
             shape_fragment = bool(frag_steps & set(ps.index.tolist()))  # tracetype's test (no model config)
             if cov is not None and cov < 0.5 or shape_fragment:
                 unrel += [k for k in FRAGMENT_UNRELIABLE if k not in unrel]
                 if not shape_fragment:
                     frag_steps |= set(ps.index.tolist())
             if cov is not None and cov < 0.5:
-                ctx.note("fragment", f"{p}: the operators in the step windows account for {cov:.0%} of the model config's FLOPs: "
-                         "the window holds part of a forward, so TPOT, MBU and the bound ratio cannot be read from it "
-                         "(launch gaps and idle time still can)")
-            if att.get("achieved_tbps") and att.get("peak_tbps") and att["achieved_tbps"] > att["peak_tbps"]:
-                ctx.note("bandwidth_above_peak", f"{p}: achieved {att['achieved_tbps']:.2f} TB/s exceeds the device peak {att['peak_tbps']:.2f} TB/s: wrong peak, wrong model config, or a timing without synchronisation (S7)")
+                notes.note("fragment", f"{p}: the operators in the step windows account for {cov:.0%} of the model config's FLOPs: "
+                           "the window holds part of a forward, so TPOT, MBU and the bound ratio cannot be read from it "
+                           "(launch gaps and idle time still can)")
+            if att.achieved_tbps and att.peak_tbps and att.achieved_tbps > att.peak_tbps:
+                notes.note("bandwidth_above_peak", f"{p}: achieved {att.achieved_tbps:.2f} TB/s exceeds the device peak {att.peak_tbps:.2f} TB/s: wrong peak, wrong model config, or a timing without synchronisation (S7)")
             wall = union_ns(ps["start_ns"].to_numpy(), ps["start_ns"].to_numpy() + ps["wall_ns"].to_numpy())
             phases.append(phase_stats(p, dev, sub, len(ps), wall, tuple(unrel), att, own_ns=int(ps["own_ns"].sum()), **kw))
         um = (sub_all["phase"] == "unknown").to_numpy()
@@ -174,12 +172,7 @@ def run(ctx: Context) -> None:
         if len(unk):
             wall = int(unk["end_ns"].max() - unk["start_ns"].min())
             phases.append(phase_stats("unknown", dev, unk, 0, wall, **kw))
-    ctx.phases = phases
-    if frag_steps and ctx.latency is not None:
-        # a fragment's time is not a step's: TTFT/TPOT/ITL come from the whole steps only
-        whole = steps.drop(index=sorted(frag_steps))
-        ctx.latency = dataclasses.replace(latency_findings(whole), tpot_definition=TPOT_FRAGMENTS,
-                                          itl_definition=TPOT_FRAGMENTS)
+    return PhaseRows(phases, frozenset(frag_steps), tuple(notes.issues))
 
 
 def _all_wall_ns(acts: pd.DataFrame, steps: pd.DataFrame) -> int:

@@ -1,128 +1,136 @@
-"""Frozen, unit-suffixed results of the analysis and the JSON report they serialise to.
+"""What :func:`diagnose.analyzers.analyze` returns: the report record and the frames behind it.
 
-:class:`Analysis` is what :func:`diagnose.analyzers.analyze` returns; ``to_dict()`` is the
-JSON report contract (README "JSON report"), computed once per analysis and cached.
+:class:`Analysis` holds the :class:`~diagnose.model.Report` (the JSON report contract, README
+"JSON report") and what the notebook API and the web report draw from besides it: the
+normalized trace, the GPU activity frame, the whole step table and kernel table, and the host
+index the gap causes were read from.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
-from diagnose.trace.model import NO_TIME, QualityIssue
+from diagnose.model import SCHEMA_VERSION, Device, Latency, PhaseRow, QualityIssue, Report, Step, Wait
+from diagnose.trace.model import NO_TIME
 
-SCHEMA_VERSION = 2
-
-
-@dataclass(frozen=True)
-class PhaseResult:
-    """Numbers for one phase on one device. Times in ms; shares are fractions in [0, 1].
-
-    ``attainment`` holds the roofline numbers (mfu, mbu, achieved_tflops, ... see
-    :mod:`diagnose.analyzers.attainment`); ``unreliable`` names numbers not to be trusted.
-    """
-
-    name: str
-    device: int | None
-    steps: int
-    wall_ms: float
-    own_ms: float | None
-    window_ms: float
-    gpu_busy_ms: float
-    gpu_idle_share: float | None
-    launch_gap_share: float | None
-    attention_share: float | None
-    kernel_ms: float
-    kernel_count: int
-    activity_count: int
-    categories_ms: dict[str, float]
-    gaps: dict[str, Any]
-    idle_by_cause_ms: dict[str, float]
-    small_kernel_ms: float
-    small_kernel_count: int
-    h2d_ms: float
-    comm_exposed_ms: float
-    top_kernels: list[dict[str, Any]]
-    attainment: dict[str, Any] = field(default_factory=dict)
-    unreliable: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k != "attainment"}
-        d["unreliable"] = list(self.unreliable)
-        d.update(self.attainment)
-        return d
-
-    def __getattr__(self, name: str) -> Any:  # p.mfu, p.mbu, p.bound_ratio ...
-        att = self.__dict__.get("attainment") or {}
-        if name in att:
-            return att[name]
-        raise AttributeError(name)
+__all__ = ["Analysis", "SCHEMA_VERSION", "step_records", "report_steps"]
 
 
 @dataclass
 class Analysis:
-    """Everything ``diagnose run`` reports for one trace (README "JSON report").
+    """One analysed trace.
 
-    ``activities`` is the GPU activity frame (``trace.gpu`` plus category, launch, step and
-    phase columns); ``extra`` holds the other top-level report sections by key (launches, gpu,
-    model, and, once :func:`diagnose.pipeline.attach_verdicts` ran, the verdicts).
+    Attributes:
+        report: the report record (verdicts and findings once
+            :func:`diagnose.pipeline.attach_verdicts` ran; it replaces this field).
+        trace: the normalized :class:`~diagnose.trace.model.Trace`.
+        activities: ``trace.gpu`` plus category, launch, step and phase columns.
+        steps: the whole step table (one row per step; ``waits`` as dicts).
+        kernel_frame: the whole kernel table (:func:`diagnose.analyzers.kernels.kernel_table`);
+            the report keeps its top rows.
+        host_index: what the host did per thread (:class:`~diagnose.analyzers.waits.HostIndex`):
+            the notebook and the web report name gap causes with it.
+        t0_ns: the trace start every ``start_ms`` counts from.
     """
 
-    source: dict[str, str]
-    devices: list[dict[str, Any]]
-    phases: list[PhaseResult]
-    latency: Any
-    steps: pd.DataFrame
-    quality: list[QualityIssue]
-    partial: bool
-    metadata: dict[str, Any] = field(default_factory=dict)
-    activities: pd.DataFrame | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    report: Report
     trace: Any = None
-    host_index: Any = None  # what the host did per thread (waits.HostIndex): the app draws gap causes with it
-    internal: dict[str, Any] = field(default_factory=dict)  # analyzer results not in the report (the whole kernel table, t0)
-    _dict: dict[str, Any] | None = field(default=None, repr=False)
+    activities: pd.DataFrame | None = None
+    steps: pd.DataFrame | None = None
+    kernel_frame: pd.DataFrame | None = None
+    host_index: Any = None
+    t0_ns: int = 0
 
-    def phase(self, name: str, device: int | None = None) -> PhaseResult | None:
-        for p in self.phases:
-            if p.name == name and (device is None or p.device == device):
-                return p
-        return None
+    # the report's sections, for callers that read an analysis like a report
+    @property
+    def source(self):
+        return self.report.source
+
+    @property
+    def devices(self) -> list[Device]:
+        return self.report.devices
+
+    @property
+    def phases(self) -> list[PhaseRow]:
+        return self.report.phases
+
+    @property
+    def latency(self) -> Latency:
+        return self.report.latency
+
+    @property
+    def quality(self) -> list[QualityIssue]:
+        return self.report.quality
+
+    @property
+    def partial(self) -> bool:
+        return self.report.partial
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.trace.metadata if self.trace is not None else {}
+
+    def phase(self, name: str, device: int | None = None) -> PhaseRow | None:
+        return self.report.phase(name, device)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON report. The phases, latency and step records are built once and cached;
-        each call returns a new top-level dict with the current ``extra`` sections (verdicts
-        added by :func:`diagnose.pipeline.attach_verdicts` included)."""
-        if self._dict is None:
-            self._dict = {
-                "schema_version": SCHEMA_VERSION,
-                "source": self.source,
-                "partial": self.partial,
-                "devices": self.devices,
-                "phases": [p.to_dict() for p in self.phases],
-                "latency": self.latency.to_dict(),
-                "steps": step_records(self.steps),
-                "quality": [q.to_dict() for q in self.quality],
-            }
-        return {**self._dict, **self.extra}
+        """The JSON report as builtins (``json.loads`` of ``diagnose run --format json``)."""
+        return self.report.to_dict()
+
+
+#: Step-table columns only the analyzers use (not in the JSON report).
+_INTERNAL_STEP_COLUMNS = ("device_activity_count", "shape_bytes", "own_ns", "done_ns")
+
+
+def report_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """The step table as reported: ``own_ms`` (ms, 6 decimals) instead of the internal ns
+    columns; column order as documented in the README."""
+    out = steps.drop(columns=[c for c in _INTERNAL_STEP_COLUMNS if c in steps])
+    if "own_ns" in steps:
+        own = (steps["own_ns"].to_numpy() / 1e6).round(6)
+        out.insert(out.columns.get_loc("gpu_busy_ms") + 1 if "gpu_busy_ms" in out else len(out.columns), "own_ms", own)
+    return out
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, float) and np.isnan(v):
+        return None
+    if isinstance(v, (int, np.integer)) and v == NO_TIME:
+        return None
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    return v
 
 
 def step_records(steps: pd.DataFrame) -> list[dict[str, Any]]:
     """The step table as JSON-able records (NaN and NO_TIME -> None, numpy scalars -> Python)."""
+    return [{k: _plain(v) for k, v in r.items()} for r in steps.to_dict("records")]
+
+
+_COUNTS = ("batch", "tokens", "context", "kv_tokens", "prefill_requests", "decode_requests")
+
+
+def step_structs(steps: pd.DataFrame) -> list[Step]:
+    """The report's step records (:class:`~diagnose.model.Step`) from the reported step table
+    (:func:`report_steps`); counts a nullable column held as floats become ints."""
     out = []
-    for r in steps.to_dict("records"):
-        rec = {}
-        for k, v in r.items():
-            if isinstance(v, float) and np.isnan(v):
-                v = None
-            elif isinstance(v, (int, np.integer)) and v == NO_TIME:
-                v = None
-            elif isinstance(v, (np.integer,)):
-                v = int(v)
-            elif isinstance(v, (np.floating,)):
-                v = float(v)
-            rec[k] = v
-        out.append(rec)
+    for rec in step_records(steps):
+        for k in _COUNTS:
+            v = rec.get(k)
+            if isinstance(v, float) and v.is_integer():
+                rec[k] = int(v)
+        rec["waits"] = [Wait(where=w["where"], start_ms=w["start_ms"], duration_ms=w["ms"], cause=w["cause"],
+                             host_call=w["host_call"], waited_on=w["waited_on"]) for w in rec.get("waits") or []]
+        out.append(Step(**rec))
     return out
+
+
+def with_sections(report: Report, **sections: Any) -> Report:
+    """A copy of ``report`` with ``sections`` replaced (the report is frozen)."""
+    return msgspec.structs.replace(report, **sections)

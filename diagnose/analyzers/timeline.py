@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from diagnose.analyzers.base import declared
-from diagnose.numeric import div, num
+from diagnose.model import GapDistribution
 from diagnose.trace.model import NO_TIME
 from diagnose.vocab import GAP_KINDS
 
@@ -171,37 +171,14 @@ def analyze_gaps(
     return st
 
 
-def gap_distribution(gaps_ns: np.ndarray) -> dict:
+def gap_distribution(gaps_ns: np.ndarray) -> GapDistribution:
     """count, total, p50, p90, p99 and max of a gap sample, in µs (None when empty)."""
     if len(gaps_ns) == 0:
-        return {"count": 0, "total_us": 0.0, "p50_us": None, "p90_us": None, "p99_us": None, "max_us": None}
+        return GapDistribution(count=0, total_us=0.0, p50_us=None, p90_us=None, p99_us=None, max_us=None)
     g = np.asarray(gaps_ns, dtype=np.float64) / 1e3
     p50, p90, p99 = np.percentile(g, [50, 90, 99])
-    return {
-        "count": int(len(g)),
-        "total_us": round(float(g.sum()), 3),
-        "p50_us": round(float(p50), 3),
-        "p90_us": round(float(p90), 3),
-        "p99_us": round(float(p99), 3),
-        "max_us": round(float(g.max()), 3),
-    }
+    return GapDistribution(count=int(len(g)), total_us=round(float(g.sum()), 3), p50_us=round(float(p50), 3),
+                           p90_us=round(float(p90), 3), p99_us=round(float(p99), 3), max_us=round(float(g.max()), 3))
 
 
 FINDINGS = declared("timeline")
-
-
-def findings_of_phase(p: dict, out: dict) -> None:
-    """Flatten one phase row's timeline numbers into ``out`` (names in :data:`FINDINGS`)."""
-    n = p["name"]
-    for k in ("window_ms", "gpu_busy_ms", "gpu_idle_share", "launch_gap_share"):
-        out[f"{n}.{k}"] = num(p.get(k))
-    gaps = p.get("gaps") or {}
-    by_kind = gaps.get("ms_by_kind") or {}
-    for kind in GAP_KINDS:
-        out[f"{n}.{kind}_gap_ms"] = num(by_kind.get(kind)) if by_kind else None
-    out[f"{n}.other_gap_share"] = div(by_kind.get("other"), p.get("window_ms")) if by_kind else None
-    launch = gaps.get("launch") or {}
-    out[f"{n}.launch_gap_count"] = num(launch.get("count")) if launch else None
-    out[f"{n}.launch_gap_p50_us"] = num(launch.get("p50_us"))
-    out[f"{n}.launch_gap_p99_us"] = num(launch.get("p99_us"))
-    out[f"{n}.gap_max_us"] = num((gaps.get("all") or {}).get("max_us"))

@@ -21,14 +21,16 @@ fragments, cold first iterations and heavy Python tracing.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
-from diagnose.analyzers.base import Context
+from diagnose.analyzers.base import Notes
 from diagnose.analyzers.phases import _is_int_list
 from diagnose.analyzers.waits import _cause_of, _cpu_ranges
 from diagnose.trace.kineto import parse_input_dims
-from diagnose.trace.model import per_unique
+from diagnose.trace.model import QualityIssue, Trace, per_unique
 
 FINDINGS = ()
 
@@ -42,20 +44,19 @@ PYTHON_EVENTS_PER_MS = 200.0
 LM_HEAD_MIN_OUT = 16384
 
 
-def _graph_capture(ctx: Context) -> None:
-    rt = ctx.trace.runtime
+def _graph_capture(trace: Trace, notes: Notes) -> None:
+    rt = trace.runtime
     if len(rt) == 0:
         return
     hit = per_unique(rt["name"], lambda u: bool(_CAPTURE.search(str(u))))
     n = int(hit.sum())
     if n:
-        ctx.note("graph_capture", f"CUDA/HIP graph capture pass ({n} stream-capture calls): the kernels were recorded, not "
+        notes.note("graph_capture", f"CUDA/HIP graph capture pass ({n} stream-capture calls): the kernels were recorded, not "
                  "executed, so no timing conclusion holds; profile a replay (and pass this file as --capture-trace "
                  "to map the replay's kernels to ops)", n)
 
 
-def _cold_start(ctx: Context) -> None:
-    trace = ctx.trace
+def _cold_start(trace: Trace, notes: Notes) -> None:
     parts = []
     ov = getattr(trace, "overhead", None)
     if ov is not None and len(ov):
@@ -76,12 +77,11 @@ def _cold_start(ctx: Context) -> None:
             ms = float((r["end_ns"] - r["start_ns"]).to_numpy()[comp].sum()) / 1e6
             parts.append(f"compile ranges {int(comp.sum())}x, {ms:.3f} ms")
     if parts:
-        ctx.note("cold_start", "first-iteration costs in the trace (" + "; ".join(parts) + "): timings include one-off "
+        notes.note("cold_start", "first-iteration costs in the trace (" + "; ".join(parts) + "): timings include one-off "
                  "costs; gaps they explain are attributed to them, not to launches. Profile a warmed-up iteration")
 
 
-def _python_tracing(ctx: Context) -> None:
-    trace = ctx.trace
+def _python_tracing(trace: Trace, notes: Notes) -> None:
     n = int((getattr(trace, "counts", None) or {}).get("python_function", 0))
     if n < PYTHON_EVENTS_MIN:
         return
@@ -92,7 +92,7 @@ def _python_tracing(ctx: Context) -> None:
     span_ms = (max(ends) - t0) / 1e6 if ends and t0 is not None else 0.0
     rate = n / span_ms if span_ms > 0 else float("inf")
     if rate >= PYTHON_EVENTS_PER_MS:
-        ctx.note("python_tracing_overhead", f"{n:,} python_function events ({rate:,.0f} per ms of the trace): with_stack "
+        notes.note("python_tracing_overhead", f"{n:,} python_function events ({rate:,.0f} per ms of the trace): with_stack "
                  "tracing inflates every host time, so launch gaps are overstated; re-profile without with_stack to "
                  "confirm a host/launch-bound reading", n)
 
@@ -122,13 +122,13 @@ def _step_is_fragment(dims_list: list, names: list, gemm_kernels: int, graph_ker
     return all(c == 1 for c in weights.values()) and not head
 
 
-def _fragment(ctx: Context) -> None:
-    steps, trace, g = ctx.steps, ctx.trace, ctx.activities
-    if len(steps) == 0 or ctx.attainment_inputs is not None and getattr(ctx.attainment_inputs, "spec", None) is not None:
-        return  # with a model config, attainment's forward-coverage test decides
+def _fragment(trace: Trace, steps: pd.DataFrame, g: pd.DataFrame, has_model_config: bool, notes: Notes) -> tuple[int, ...]:
+    """Steps whose window holds part of a forward (module docstring), without a model config."""
+    if len(steps) == 0 or has_model_config:
+        return ()  # with a model config, attainment's forward-coverage test decides
     ops = trace.cpu_ops
     if len(ops) == 0:
-        return
+        return ()
     ops = ops.sort_values("start_ns", kind="stable")
     st, en = ops["start_ns"].to_numpy(), ops["name"].to_numpy(dtype=object)
     frag = []
@@ -145,16 +145,27 @@ def _fragment(ctx: Context) -> None:
         if _step_is_fragment(dims, names, gk, gr):
             frag.append(i)
     if frag:
-        ctx.extra["_fragment_steps"] = frag
-        ctx.note("fragment", f"{len(frag)} of {len(steps)} step window(s) hold part of a forward (no GEMM, or the linear "
-                 "layers cover less than one decoder layer and a head): TPOT, MBU and the bound ratio cannot be read from "
-                 "a fragment; launch gaps and idle time still can", len(frag))
+        notes.note("fragment", f"{len(frag)} of {len(steps)} step window(s) hold part of a forward (no GEMM, or the linear "
+                   "layers cover less than one decoder layer and a head): TPOT, MBU and the bound ratio cannot be read from "
+                   "a fragment; launch gaps and idle time still can", len(frag))
+    return tuple(frag)
 
 
-def run(ctx: Context) -> None:
+@dataclass(frozen=True)
+class TraceType:
+    """What the trace is (module docstring): the quality notes, and the steps that hold part of
+    a forward (judged from shapes, without a model config)."""
+
+    fragment_steps: tuple[int, ...] = ()
+    notes: tuple[QualityIssue, ...] = ()
+
+
+def classify_trace(trace: Trace, steps: pd.DataFrame, activities: pd.DataFrame, has_model_config: bool) -> TraceType:
     """Quality codes graph_capture, cold_start, python_tracing_overhead and (without a model
     config) fragment."""
-    _graph_capture(ctx)
-    _cold_start(ctx)
-    _python_tracing(ctx)
-    _fragment(ctx)
+    notes = Notes()
+    _graph_capture(trace, notes)
+    _cold_start(trace, notes)
+    _python_tracing(trace, notes)
+    frag = _fragment(trace, steps, activities, has_model_config, notes)
+    return TraceType(frag, tuple(notes.issues))

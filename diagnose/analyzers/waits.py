@@ -50,33 +50,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagnose.analyzers.base import Context, declared
+from diagnose.analyzers.base import declared
+from diagnose.model import Gap
 from diagnose.analyzers.timeline import LAUNCH_LATENCY_NS, MIN_GAP_NS, analyze_gaps, classify_gaps, union_busy_ns
 from diagnose.trace.model import NO_TIME, Trace, per_unique
 from diagnose.vocab import EXTERNAL_CAUSES, GAP_CAUSES, GAP_KINDS
 
 FINDINGS = declared("waits")
 
-
-def findings_of_phase(p: dict, out: dict) -> None:
-    n = p["name"]
-    measured = "idle_by_cause_ms" in p and (p.get("activity_count") or 0) > 0  # no GPU activity: nothing measured
-    by = p.get("idle_by_cause_ms") or {}
-    for c in GAP_CAUSES:
-        out[f"{n}.idle_{c}_ms"] = float(by.get(c, 0.0)) if measured else None
-    longest = (p.get("gaps") or {}).get("longest") or []
-    out[f"{n}.longest_gap_ms"] = (longest[0]["ms"] if longest else 0.0) if measured else None
-    window, busy = p.get("window_ms"), p.get("gpu_busy_ms")
-    own_share = own_idle = None
-    if measured and window and busy is not None:
-        ext = sum(float(by.get(c, 0.0)) for c in EXTERNAL_CAUSES)
-        own_window = window - ext
-        own_idle = max(0.0, own_window - busy)
-        own_share = own_idle / own_window if own_window > 0 else None
-    out[f"{n}.gpu_idle_own_share"] = own_share
-    out[f"{n}.idle_own_ms"] = own_idle
-    hb = [g["ms"] for g in longest if g.get("cause") == "host_blocked"]
-    out[f"{n}.longest_host_blocked_ms"] = (max(hb) if hb else 0.0) if measured else None
 
 #: Longest gaps described per phase in the report.
 LONGEST_GAPS = 5
@@ -454,23 +435,23 @@ def idle_by_cause_ms(g: Gaps) -> dict[str, float]:
 
 
 def longest(g: Gaps, host: HostIndex, tids_next: np.ndarray, names_next: np.ndarray,
-            t0_ns: int, n: int = LONGEST_GAPS) -> list[dict[str, Any]]:
-    """The ``n`` longest gaps: start_ms (from the trace start), ms, kind, cause, host_call,
-    waited_on, next."""
-    out = []
+            t0_ns: int, n: int = LONGEST_GAPS) -> list[Gap]:
+    """The ``n`` longest gaps (start_ms from the trace start), with cause, host_call, waited_on
+    and the next activity."""
+    out: list[Gap] = []
     if len(g.start) == 0:
         return out
     dur = g.end - g.start
     for j in np.argsort(-dur, kind="stable")[:n]:
-        out.append({
-            "start_ms": round((int(g.start[j]) - t0_ns) / 1e6, 6),
-            "ms": round(float(dur[j]) / 1e6, 6),
-            "kind": GAP_KINDS[int(g.kind[j])],
-            "cause": GAP_CAUSES[int(g.cause[j])],
-            "host_call": host_call(g, int(j), host, tids_next),
-            "waited_on": waited_on(g, int(j), host, tids_next),
-            "next": str(names_next[j])[:120],
-        })
+        out.append(Gap(
+            start_ms=round((int(g.start[j]) - t0_ns) / 1e6, 6),
+            duration_ms=round(float(dur[j]) / 1e6, 6),
+            kind=GAP_KINDS[int(g.kind[j])],
+            cause=GAP_CAUSES[int(g.cause[j])],
+            host_call=host_call(g, int(j), host, tids_next),
+            waited_on=waited_on(g, int(j), host, tids_next),
+            next=str(names_next[j])[:120],
+        ))
     return out
 
 
@@ -482,16 +463,25 @@ def trace_t0(trace: Trace) -> int:
     return 0 if t0 is None else int(t0)
 
 
-def run(ctx: Context) -> None:
-    """Per step: gpu_span_ms, gpu_busy_ms, own_ms (own_ns), waits and idle_by_cause_ms.
-    Sets ``ctx.extra["_host"]`` (the host index) for the per-phase gap attribution."""
-    trace, g, steps = ctx.trace, ctx.activities, ctx.steps
+@dataclass(frozen=True)
+class StepWaits:
+    """The step table with each step's span, busy and own time, waits and idle by cause
+    (columns gpu_span_ms, gpu_busy_ms, own_ns, waits, idle_by_cause_ms), the host index the
+    gap causes were read from, and the trace start every ``start_ms`` counts from."""
+
+    steps: pd.DataFrame
+    host: HostIndex
+    t0_ns: int
+
+
+def step_waits(trace: Trace, activities: pd.DataFrame, steps: pd.DataFrame, containers: pd.DataFrame | None) -> StepWaits:
+    """Per step: gpu_span_ms, gpu_busy_ms, own_ms (own_ns), waits and idle_by_cause_ms
+    (module docstring); ``containers``: the outer markers (never "what the host was doing")."""
+    g = activities
+    steps = steps.copy()
     host = HostIndex.build(trace)
-    containers = ctx.extra.get("_containers")
     host.skip_names = frozenset(list(steps["name"]) + (list(containers["name"]) if containers is not None else []))
     t0 = trace_t0(trace)
-    ctx.extra["_host"] = host
-    ctx.extra["_t0"] = t0
     n = len(steps)
     span_ms = np.full(n, np.nan)
     busy_ms = np.full(n, np.nan)
@@ -550,6 +540,7 @@ def run(ctx: Context) -> None:
     steps["own_ns"] = own_ns
     steps["waits"] = pd.Series(waits, index=steps.index, dtype=object) if n else pd.Series([], dtype=object)
     steps["idle_by_cause_ms"] = pd.Series(by_cause, index=steps.index, dtype=object) if n else pd.Series([], dtype=object)
+    return StepWaits(steps, host, t0)
 
 
 def _before_span(anchor: int, gs0: int, s, e, cm, le, tids, stp, i: int, first: int, host: HostIndex,
