@@ -10,6 +10,7 @@ import pytest
 from conftest import REF_7B_CONFIG
 
 from diagnose.accounting import (
+    weight_matrices,
     DTYPE_BYTES,
     FRAGMENTATION_FACTOR,
     GB,
@@ -81,9 +82,9 @@ def test_reference_weight_bytes(ref: ModelSpec) -> None:
 
 
 def test_weight_matrices_sum_to_params(ref: ModelSpec) -> None:
-    assert sum(o * i * n for _, o, i, n in ref.weight_matrices()) == ref.params_total
+    assert sum(o * i * n for _, o, i, n in weight_matrices(ref)) == ref.params_total
     tied = small(tie_word_embeddings=True)
-    assert sum(o * i * n for _, o, i, n in tied.weight_matrices()) == tied.params_total
+    assert sum(o * i * n for _, o, i, n in weight_matrices(tied)) == tied.params_total
 
 
 def test_int4_weights_with_group_scales(ref: ModelSpec) -> None:

@@ -47,7 +47,7 @@ def test_vllm_decode_cuda_graph_step():
     # 1 hipGraphLaunch replays 421 kernels; 3 eager launches + 9 memcpys + 1 more kernel.
     assert d.kernel_count == 425 and d.activity_count == 434
     assert d.launch_gap_share == 0.0  # gaps inside one graph replay are not launch gaps
-    assert d.gaps["count_by_kind"]["launch"] == 0  # gaps inside the replay are ~1 ns rounding (< 10 ns: not gaps)
+    assert d.gaps.count_by_kind["launch"] == 0  # gaps inside the replay are ~1 ns rounding (< 10 ns: not gaps)
     codes = {q.code: q for q in a.quality}
     assert codes["graph_kernels_no_launch"].count == 421
     assert "unnamed_device" in codes  # deviceProperties name is "" on these MI300X traces
@@ -71,16 +71,16 @@ def test_sglang_prefill_step():
     # producer is not in the trace; the host entered hipMemcpyWithStream (0.17 -> 493.38 ms)
     # only after queueing it, so the host blocked behind the wait, it did not cause it.
     p = a.phase("prefill")
-    assert p.gaps["ms_by_kind"]["launch"] < 2.0
-    assert p.gaps["ms_by_kind"]["other"] > 490.0
-    longest = p.gaps["longest"][0]
-    assert (longest["cause"], longest["host_call"], longest["waited_on"]) == ("outside_trace", "hipMemcpyWithStream", "hipStreamWaitEvent")
-    assert longest["ms"] == 493.219121  # resolve_future kernel start 493.365801 - elementwise end 0.146680 (ms from t0)
+    assert p.gaps.ms_by_kind["launch"] < 2.0
+    assert p.gaps.ms_by_kind["other"] > 490.0
+    longest = p.gaps.longest[0]
+    assert (longest.cause, longest.host_call, longest.waited_on) == ("outside_trace", "hipMemcpyWithStream", "hipStreamWaitEvent")
+    assert longest.duration_ms == 493.219121  # resolve_future kernel start 493.365801 - elementwise end 0.146680 (ms from t0)
     # "execute_15360_context_15(...)" wraps "step[EXTEND bs=15 toks=15360]": the step is the inner one.
     assert len(a.steps) == 1
     s = a.steps.iloc[0]
     assert (s["name"], s["phase"], s["tokens"], s["batch"]) == ("step[EXTEND bs=15 toks=15360]", "prefill", 15360, 15)
-    assert a.devices == [{"id": 9, "name": "AMD Instinct MI300X"}]
+    assert [d.to_dict() for d in a.devices] == [{"id": 9, "name": "AMD Instinct MI300X"}]
     # TTFT proxy = the step's own GPU time: from the first activity it launched (reduce_kernel,
     # 493.745528 ms after the outer marker's start) to the end of its last kernel (987.274735 ms)
     # = 493.529207 ms, no external wait inside (expert reading: 492.6 ms first GEMM to last kernel).
@@ -100,7 +100,7 @@ def test_nano_vllm_decode_from_shapes():
 
 def test_h100_prefill_from_shapes_and_device():
     a = run_analysis(str(shared_trace("tracelens/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz")))
-    assert a.devices == [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}]
+    assert [d.to_dict() for d in a.devices] == [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}]
     assert a.steps["phase"].tolist() == ["prefill"]
     # aten::linear inputs are [16, 559, 1024]: 16 sequences of 559 tokens (not 2048 as labelled)
     assert (a.steps.iloc[0]["batch"], a.steps.iloc[0]["tokens"]) == (16, 16 * 559)

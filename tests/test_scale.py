@@ -44,10 +44,10 @@ def test_replicated_trace_scales(tmp_path, rel):
     seam_ms = shift_ms - a.window_ms
     assert b.gpu_idle_share == pytest.approx(1 - 3 * a.gpu_busy_ms / b.window_ms, abs=1e-5)
     # every gap of the original appears three times, plus the two seams (of whatever kind)
-    gaps_a = sum(a.gaps["ms_by_kind"].values())
-    gaps_b = sum(b.gaps["ms_by_kind"].values())
+    gaps_a = sum(a.gaps.ms_by_kind.values())
+    gaps_b = sum(b.gaps.ms_by_kind.values())
     assert gaps_b == pytest.approx(3 * gaps_a + 2 * seam_ms, abs=1e-5)
-    assert b.gaps["ms_by_kind"]["launch"] >= 3 * a.gaps["ms_by_kind"]["launch"] - 1e-5
+    assert b.gaps.ms_by_kind["launch"] >= 3 * a.gaps.ms_by_kind["launch"] - 1e-5
 
 
 @pytest.mark.slow  # a replicated trace decoded whole and in slices
