@@ -703,58 +703,66 @@ DEFAULT_CONTEXTS = (2048, 8192, 32768, 131072)
 def kv_budget_data(
     config: Mapping | None = None,
     *,
+    model_config: str | None = None,
     memory_gb: float | None = 80.0,
     overhead_gb: float = 5.0,
     contexts: Iterable[int] = DEFAULT_CONTEXTS,
     kv_dtype: str = "fp16",
-    weight_dtype: str = "bf16",
+    weight_dtype: str | None = None,
     kv_memory_gib: float | None = None,
+    tp: int = 1,
 ) -> dict:
-    """KV-cache calculator: per-token and per-sequence KV bytes and the concurrency table.
+    """KV-cache calculator: per-token and per-sequence KV bytes and the concurrency table, one
+    row per context from :func:`diagnose.accounting.kv_plan` (what ``diagnose kv-budget``
+    answers for the same inputs).
 
     Args:
         config: Hugging Face ``config.json`` fields (None = :data:`REFERENCE_7B`).
+        model_config: a shipped config name or a ``config.json`` path instead of ``config``
+            (as ``--model-config``).
         memory_gb: device memory, GB (1e9 B).
         overhead_gb: runtime overhead, GB.
         contexts: tokens per sequence, one table row each.
-        kv_dtype, weight_dtype: fp32 fp16 bf16 fp8 int8 int4.
+        kv_dtype: fp32 fp16 bf16 fp8 int8 int4; weight_dtype: the same, or None for the
+            config's ``quantization_config`` (16-bit without one).
         kv_memory_gib: memory for the KV cache in GiB, overriding memory - overhead - weights
             (docs/prefill-decode.md §3 uses "~60 GiB").
+        tp: tensor-parallel ranks (per-rank KV heads and weights).
 
     Returns:
-        {"ok": True, model, kv_bytes_per_token, weight_bytes, kv_memory_bytes,
-        fragmentation_factor, rows: [{context, kv_bytes_per_sequence, kv_gib_per_sequence,
-        max_sequences, usable_sequences}]} or {"ok": False, "error": one-line message}.
+        {"ok": True, model, kv_bytes_per_token, weight_bytes, weight_dtype, kv_memory_bytes,
+        fragmentation_factor, notes, rows: [{context, kv_bytes_per_sequence,
+        kv_gib_per_sequence, max_sequences, usable_sequences}]} or {"ok": False, "error":
+        one-line message}.
     """
-    from diagnose.accounting import FRAGMENTATION_FACTOR, GiB, ModelSpec, kv_budget, kv_bytes_per_token, weight_bytes
+    from diagnose.accounting import DTYPE_BYTES, FRAGMENTATION_FACTOR, ModelSpec, kv_plan, load_model_config
     from diagnose.errors import DiagnoseError
 
     try:
-        spec = ModelSpec.from_hf_config(dict(config if config is not None else REFERENCE_7B))
-        per_tok = kv_bytes_per_token(spec, kv_dtype)
-        wb = weight_bytes(spec, weight_dtype)
+        if model_config:
+            spec = load_model_config(model_config)
+        else:
+            spec = ModelSpec.from_hf_config(dict(config if config is not None else REFERENCE_7B))
+        if kv_dtype not in DTYPE_BYTES:
+            raise DiagnoseError(f"unknown KV dtype {kv_dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
         ctxs = [int(c) for c in contexts]
         if not ctxs:
             raise DiagnoseError("give at least one context length")
-        kv_mem = None if kv_memory_gib is None else int(round(float(kv_memory_gib) * GiB))
-        rows = []
-        budget = None
-        for c in ctxs:
-            budget = kv_budget(per_tok, c, memory_gb=memory_gb, overhead_gb=overhead_gb or 0.0, weight_bytes=wb,
-                               kv_memory_bytes=kv_mem)
-            rows.append({"context": c, "kv_bytes_per_sequence": budget.kv_bytes_per_sequence,
-                         "kv_gib_per_sequence": budget.kv_bytes_per_sequence / GiB,
-                         "max_sequences": budget.max_sequences, "usable_sequences": budget.usable_sequences})
+        plans = [kv_plan(spec, c, bytes_per_elem=DTYPE_BYTES[kv_dtype], weight_dtype=weight_dtype, tp=tp,
+                         memory_gb=memory_gb, overhead_gb=overhead_gb or 0.0, kv_memory_gib=kv_memory_gib) for c in ctxs]
     except DiagnoseError as e:
         return {"ok": False, "error": str(e)}
     except (TypeError, ValueError) as e:
         return {"ok": False, "error": f"invalid input: {e}"}
+    rows = [{"context": p.budget.seq_len, "kv_bytes_per_sequence": p.budget.kv_bytes_per_sequence,
+             "kv_gib_per_sequence": p.budget.kv_gib_per_sequence, "max_sequences": p.budget.max_sequences,
+             "usable_sequences": p.budget.usable_sequences} for p in plans]
+    first = plans[0]
     return {
-        "ok": True, "model": spec.name, "kv_dtype": kv_dtype, "weight_dtype": weight_dtype,
-        "kv_bytes_per_token": per_tok, "weight_bytes": wb,
-        "kv_memory_bytes": budget.kv_memory_bytes if budget else None,
-        "memory_gb": memory_gb, "overhead_gb": overhead_gb,
-        "fragmentation_factor": FRAGMENTATION_FACTOR, "rows": rows,
+        "ok": True, "model": spec.name, "kv_dtype": kv_dtype, "weight_dtype": first.weight_dtype,
+        "kv_bytes_per_token": first.budget.kv_bytes_per_token, "weight_bytes": first.budget.weight_bytes,
+        "kv_memory_bytes": first.budget.kv_memory_bytes, "memory_gb": memory_gb, "overhead_gb": overhead_gb,
+        "fragmentation_factor": FRAGMENTATION_FACTOR, "notes": sorted({n for p in plans for n in p.notes}), "rows": rows,
     }
 
 

@@ -438,6 +438,19 @@ _KV_FIELDS = [
 _DTYPES = ["fp32", "fp16", "bf16", "fp8", "int8", "int4"]
 
 
+#: Weight dtypes of the KV page: "auto" is the config's quantization_config (16 bit without one).
+_WEIGHT_DTYPES = ["auto"] + _DTYPES
+
+
+def _kv_presets() -> list[dict]:
+    from diagnose.accounting import shipped_model_configs
+
+    return ([{"label": "reference 7B-like (docs/prefill-decode.md §2)", "value": "7b"}]
+            + [{"label": f"shipped config: {n}", "value": n} for n in shipped_model_configs()]
+            + [{"label": "a config.json file (path below)", "value": "file"},
+               {"label": "custom (edit the fields)", "value": "custom"}])
+
+
 def kv_page(entry: TraceEntry) -> html.Div:
     ref = F.REFERENCE_7B
     rows = [html.Div([html.Label(label, htmlFor=f"kv-{key}"),
@@ -446,9 +459,10 @@ def kv_page(entry: TraceEntry) -> html.Div:
     rows.append(html.Div([html.Label("tie_word_embeddings"),
                           dcc.Checklist(id="kv-tie", options=[{"label": " tied", "value": "tied"}], value=[], inline=True)]))
     ctrl = [
-        html.Div([html.Label("preset"), dcc.Dropdown(id="kv-preset", options=[{"label": "reference 7B-like (docs/prefill-decode.md §2)", "value": "7b"},
-                                                                              {"label": "custom (edit the fields)", "value": "custom"}],
-                                                     value="7b", clearable=False, style={"width": "22em", "display": "inline-block"})]),
+        html.Div([html.Label("model"), dcc.Dropdown(id="kv-preset", options=_kv_presets(), value="7b", clearable=False,
+                                                    style={"width": "26em", "display": "inline-block"})]),
+        html.Div([html.Label("config.json (path on this machine, or a shipped name)", htmlFor="kv-model-config"),
+                  dcc.Input(id="kv-model-config", type="text", value="", debounce=True, style={"width": "30em"})]),
         *rows,
         html.Div([html.Label("device memory (GB = 1e9 B)"), dcc.Input(id="kv-memory", type="number", min=0, value=80, debounce=True)]),
         html.Div([html.Label("overhead (GB)"), dcc.Input(id="kv-overhead", type="number", min=0, value=5, debounce=True)]),
@@ -456,8 +470,8 @@ def kv_page(entry: TraceEntry) -> html.Div:
                   dcc.Input(id="kv-contexts", type="text", value="2048, 8192, 32768, 131072", debounce=True)]),
         html.Div([html.Label("KV dtype"), dcc.Dropdown(id="kv-dtype", options=_DTYPES, value="fp16", clearable=False,
                                                        style={"width": "10em", "display": "inline-block"})]),
-        html.Div([html.Label("weight dtype"), dcc.Dropdown(id="kv-weight-dtype", options=_DTYPES, value="bf16", clearable=False,
-                                                           style={"width": "10em", "display": "inline-block"})]),
+        html.Div([html.Label("weight dtype"), dcc.Dropdown(id="kv-weight-dtype", options=_WEIGHT_DTYPES, value="auto",
+                                                           clearable=False, style={"width": "10em", "display": "inline-block"})]),
     ]
     model = entry.report.get("model") or {}
     info = []
@@ -467,13 +481,15 @@ def kv_page(entry: TraceEntry) -> html.Div:
                            className="dg-muted"))
     return html.Div([
         html.H2("KV-cache budget"),
-        html.P("KV bytes per token = 2 x layers x num_key_value_heads x head_dim x bytes per element (docs/prefill-decode.md §2). "
-               "Sequences that fit = (memory - overhead - weights) / (context x KV bytes per token); usable after "
-               "fragmentation = 75 % of that (docs/prefill-decode.md §3).", className="dg-muted"),
+        html.P("The answer of `diagnose kv-budget` for the same inputs: KV bytes per token = 2 x layers x "
+               "num_key_value_heads x head_dim x bytes per element (docs/prefill-decode.md §2; MLA and sliding windows from the "
+               "config). Sequences that fit = (memory - overhead - weights) / KV per sequence; usable after "
+               "fragmentation = 75 % of that (docs/prefill-decode.md §3). Weights follow the config's quantization unless a "
+               "weight dtype is chosen.", className="dg-muted"),
         *info,
         html.Div(ctrl, className="dg-form"),
-        html.Div(kv_output(kv_view("7b", *[ref[k] for k, _ in _KV_FIELDS], [], 80, 5, "2048, 8192, 32768, 131072", "fp16", "bf16")),
-                 id="kv-output"),
+        html.Div(kv_output(kv_view("7b", "", *[ref[k] for k, _ in _KV_FIELDS], [], 80, 5, "2048, 8192, 32768, 131072",
+                                   "fp16", "auto")), id="kv-output"),
     ])
 
 
@@ -529,29 +545,42 @@ def _bounded(v: Any, what: str, hi: float, whole: bool) -> float | int:
     return x
 
 
-def kv_view(preset, layers, hidden, heads, kv_heads, head_dim, inter, vocab, tie, memory_gb, overhead_gb,
+def kv_view(preset, model_config, layers, hidden, heads, kv_heads, head_dim, inter, vocab, tie, memory_gb, overhead_gb,
             contexts_text, kv_dtype, weight_dtype) -> dict:
-    """Calculator state from the form fields -> :func:`figures.kv_budget_data` result."""
+    """Calculator state from the form fields -> :func:`figures.kv_budget_data` result.
+
+    ``preset``: "7b" (the reference config) or "custom" (the fields), a shipped config name,
+    or "file" (``model_config``: a ``config.json`` path or a shipped name, as ``--model-config``)."""
     try:
         ctx = parse_contexts(contexts_text)
     except ValueError as e:
         return {"ok": False, "error": str(e)}
+    try:
+        mem = None if memory_gb in (None, "", 0) else _bounded(memory_gb, "device memory (GB)", KV_MAX_MEMORY_GB, whole=False)
+        overhead = 0.0 if overhead_gb in (None, "") else _bounded(overhead_gb, "overhead (GB)", KV_MAX_MEMORY_GB, whole=False)
+    except ValueError as e:
+        return {"ok": False, "error": str(e)}
+    for what, dt, allowed in (("KV dtype", kv_dtype, _DTYPES), ("weight dtype", weight_dtype, _WEIGHT_DTYPES)):
+        if dt is not None and dt not in allowed:
+            return {"ok": False, "error": f"{what} must be one of {', '.join(allowed)}"}
+    wd = None if weight_dtype in (None, "auto") else weight_dtype
+    common = {"memory_gb": mem, "overhead_gb": overhead, "contexts": ctx, "kv_dtype": kv_dtype or "fp16", "weight_dtype": wd}
+    if preset not in ("7b", "custom", "file"):
+        return F.kv_budget_data(model_config=str(preset), **common)
+    if preset == "file":
+        if not isinstance(model_config, str) or not model_config.strip() or len(model_config) > KV_MAX_TEXT:
+            return {"ok": False, "error": "give a config.json path (or a shipped config name)"}
+        return F.kv_budget_data(model_config=model_config.strip(), **common)
     vals = [layers, hidden, heads, kv_heads, head_dim, inter, vocab]
     if any(v is None or v == "" for v in vals):
         return {"ok": False, "error": "fill in every model field with a positive whole number"}
     try:
         cfg = {k: _bounded(v, label, KV_MAX_MODEL_FIELD, whole=True) for (k, label), v in zip(_KV_FIELDS, vals)}
-        mem = None if memory_gb in (None, "", 0) else _bounded(memory_gb, "device memory (GB)", KV_MAX_MEMORY_GB, whole=False)
-        overhead = 0.0 if overhead_gb in (None, "") else _bounded(overhead_gb, "overhead (GB)", KV_MAX_MEMORY_GB, whole=False)
     except ValueError as e:
         return {"ok": False, "error": str(e)}
-    for what, dt in (("KV dtype", kv_dtype), ("weight dtype", weight_dtype)):
-        if dt is not None and dt not in _DTYPES:
-            return {"ok": False, "error": f"{what} must be one of {', '.join(_DTYPES)}"}
     cfg["tie_word_embeddings"] = bool(tie)
     cfg["_name_or_path"] = "custom" if preset != "7b" else F.REFERENCE_7B["_name_or_path"]
-    return F.kv_budget_data(cfg, memory_gb=mem, overhead_gb=overhead, contexts=ctx,
-                            kv_dtype=kv_dtype or "fp16", weight_dtype=weight_dtype or "bf16")
+    return F.kv_budget_data(cfg, **common)
 
 
 def kv_output(d: dict) -> list:
@@ -737,7 +766,8 @@ def create_app(paths: Sequence[str], analyses: Sequence | None = None, *, title:
         return [F.REFERENCE_7B[k] for k, _ in _KV_FIELDS]
 
     @app.callback(Output("kv-output", "children"),
-                  [Input("kv-preset", "value")] + [Input(f"kv-{k}", "value") for k, _ in _KV_FIELDS]
+                  [Input("kv-preset", "value"), Input("kv-model-config", "value")]
+                  + [Input(f"kv-{k}", "value") for k, _ in _KV_FIELDS]
                   + [Input("kv-tie", "value"), Input("kv-memory", "value"), Input("kv-overhead", "value"),
                      Input("kv-contexts", "value"), Input("kv-dtype", "value"), Input("kv-weight-dtype", "value")],
                   prevent_initial_call=True)

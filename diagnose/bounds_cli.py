@@ -16,7 +16,6 @@ main group to register. :func:`load_model_config` is re-exported from
 from __future__ import annotations
 
 import json
-import math
 import sys
 from typing import Any, NoReturn
 
@@ -33,9 +32,9 @@ from diagnose.accounting import (
     ModelSpec,
     decode_step,
     experts_touched,
-    kv_budget,
+    KvPlan,
     kv_bytes_per_token,
-    kv_layout,
+    kv_plan,
     load_model_config,
     model_weights,
     read_model_config,
@@ -148,102 +147,24 @@ def kv_budget_command(
     floor(KV memory / KV per sequence), usable = floor(0.75 * ceiling) after fragmentation
     (docs/prefill-decode.md section 3).
     """
-    notes: list[str] = []
     try:
         spec = load_model_config(model_config) if model_config else None
-        shape_flags = any(v is not None for v in (layers, kv_heads, head_dim))
-        if spec is not None:
-            layers = spec.num_hidden_layers if layers is None else layers
-            kv_heads = spec.num_key_value_heads if kv_heads is None else kv_heads
-            head_dim = spec.head_dim if head_dim is None else head_dim
-        missing = [f for f, v in (("--layers", layers), ("--kv-heads", kv_heads), ("--head-dim", head_dim)) if v is None]
-        if missing:
-            _fail(f"give {', '.join(missing)} or --model-config")
-        for flag, value in (("--layers", layers), ("--kv-heads", kv_heads), ("--head-dim", head_dim)):
-            if value <= 0:
-                _fail(f"{flag} must be > 0, got {value}")
-        if not bytes_per_elem > 0 or math.isinf(bytes_per_elem):
-            _fail(f"--bytes-per-elem must be > 0, got {bytes_per_elem}")
-        if spec is not None and weights_gb is not None:
-            _fail("give --weights-gb or --model-config, not both")
-        if weights_gb is not None and weights_gb < 0:
-            _fail(f"--weights-gb must be >= 0, got {weights_gb}")
-        if kv_memory_gib is not None and not kv_memory_gib > 0:
-            _fail(f"--kv-memory-gib must be > 0, got {kv_memory_gib}")
-        if weight_dtype is not None and spec is None:
-            _fail("--weight-dtype needs --model-config")
-        per_seq: int | None = None
-        if spec is not None and not shape_flags:
-            lay = kv_layout(spec, tp)
-            per_token = math.ceil(lay.elements_per_token * bytes_per_elem)
-            if lay.sliding:
-                per_seq = math.ceil(lay.sequence_elements(seq_len) * bytes_per_elem)
-                windows = ", ".join(str(w) for w, _ in lay.sliding)
-                notes.append(f"{spec.num_sliding_layers} sliding-window layers (window {windows}) hold at most their window of each sequence")
-            kv_heads_rank = None if spec.mla is not None else max(1, kv_heads // tp)
-            if spec.mla is not None:
-                notes.append("MLA: kv_lora_rank + qk_rope_head_dim elements per token and layer (--kv-heads/--head-dim do not apply)")
-        else:
-            if tp > 1 and kv_heads % tp and tp % kv_heads:
-                _fail(f"--tp {tp}: --kv-heads {kv_heads} and {tp} do not divide one another")
-            kv_heads_rank = max(1, kv_heads // tp)
-            per_token = math.ceil(2 * layers * kv_heads_rank * head_dim * bytes_per_elem)
-            if spec is not None and (spec.mla is not None or spec.layer_windows):
-                notes.append("shape flags given: every layer counted as full GQA attention with those shapes")
-        if spec is not None:
-            w_bytes = model_weights(spec, weight_dtype, tp).bytes
-        else:
-            w_bytes = round((weights_gb or 0.0) * GB)
-        budget = kv_budget(
-            per_token,
-            seq_len,
-            batch,
-            memory_gb=memory_gb,
-            overhead_gb=overhead_gb,
-            weight_bytes=w_bytes,
-            kv_memory_bytes=None if kv_memory_gib is None else round(kv_memory_gib * GiB),
-            kv_bytes_per_sequence=per_seq,
-        )
+        plan = kv_plan(spec, seq_len, batch, layers=layers, kv_heads=kv_heads, head_dim=head_dim,
+                       bytes_per_elem=bytes_per_elem, weight_dtype=weight_dtype, tp=tp, memory_gb=memory_gb,
+                       overhead_gb=overhead_gb, weights_gb=weights_gb, kv_memory_gib=kv_memory_gib)
     except DiagnoseError as exc:
         _fail(str(exc))
-
-    result: dict[str, Any] = {
-        "model": spec.name if spec else None,
-        "layers": layers,
-        "kv_heads": kv_heads,
-        "kv_heads_per_rank": kv_heads_rank,
-        "head_dim": head_dim,
-        "tp": tp,
-        "bytes_per_elem": bytes_per_elem,
-        "kv_bytes_per_token": budget.kv_bytes_per_token,
-        "seq_len": budget.seq_len,
-        "batch": budget.batch,
-        "kv_bytes_per_sequence": budget.kv_bytes_per_sequence,
-        "kv_bytes_total": budget.kv_bytes_total,
-        "kv_gib_per_sequence": budget.kv_gib_per_sequence,
-        "kv_gib_total": budget.kv_gib_total,
-        "memory_gb": budget.memory_gb,
-        "overhead_gb": budget.overhead_gb,
-        "weight_bytes": budget.weight_bytes,
-        "weight_dtype": (weight_dtype.lower() if weight_dtype else model_weights(spec, None, tp).weight_format) if spec else None,
-        "kv_memory_bytes": budget.kv_memory_bytes,
-        "kv_memory_gib": budget.kv_memory_gib,
-        "max_sequences": budget.max_sequences,
-        "usable_sequences": budget.usable_sequences,
-        "fragmentation_factor": budget.fragmentation_factor,
-        "fits": budget.fits,
-    }
-    if memory_gb is not None and spec is None and weights_gb is None and kv_memory_gib is None:
-        notes.append("no weights subtracted from --memory-gb: give --model-config or --weights-gb")
-    if kv_memory_gib is not None and memory_gb is not None:
-        notes.append("--kv-memory-gib given: --memory-gb/--overhead-gb/weights are not used for the KV memory")
-    result["notes"] = notes
     if fmt.lower() == "json":
-        click.echo(json.dumps(result, indent=2))
+        click.echo(json.dumps(plan.to_dict(), indent=2))
         return
-    for n in notes:
+    for n in plan.notes:
         click.echo(f"note: {n}", err=True)
+    _print_kv(plan)
 
+
+def _print_kv(plan: KvPlan) -> None:
+    """The KV budget as a rich table (bytes, GB, GiB) and the concurrency line."""
+    budget, seq_len, batch = plan.budget, plan.budget.seq_len, plan.budget.batch
     console = _console()
     table = Table(title="KV-cache budget", show_header=True)
     table.add_column("quantity")
@@ -251,9 +172,9 @@ def kv_budget_command(
     table.add_column("GB (1e9 B)", justify="right")
     table.add_column("GiB (2^30 B)", justify="right")
     table.add_row(
-        f"KV per token (2 x {layers} x {kv_heads_rank} x {head_dim} x {bytes_per_elem:g} B)"
-        if kv_heads_rank is not None and not (spec is not None and spec.mla is not None)
-        else f"KV per token (MLA latent, {bytes_per_elem:g} B per element)",
+        f"KV per token (2 x {plan.layers} x {plan.kv_heads_per_rank} x {plan.head_dim} x {plan.bytes_per_elem:g} B)"
+        if plan.kv_heads_per_rank is not None and not plan.mla
+        else f"KV per token (MLA latent, {plan.bytes_per_elem:g} B per element)",
         f"{budget.kv_bytes_per_token:,}",
         f"{budget.kv_bytes_per_token / GB:.6f}",
         f"{budget.kv_bytes_per_token / GiB:.6f}",

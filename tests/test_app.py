@@ -538,10 +538,66 @@ def test_kv_view_and_contexts():
         parse_contexts("2x")
     ref = [F.REFERENCE_7B[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
                                        "head_dim", "intermediate_size", "vocab_size")]
-    d = kv_view("7b", *ref, [], 80, 5, "2k", "fp16", "bf16")
+    d = kv_view("7b", "", *ref, [], 80, 5, "2k", "fp16", "bf16")
     assert d["ok"] and d["rows"][0]["kv_bytes_per_sequence"] == 256 * 2**20
-    assert kv_view("custom", *ref[:-1], None, [], 80, 5, "2k", "fp16", "bf16")["ok"] is False
-    assert kv_view("7b", *ref, [], 80, 5, "abc", "fp16", "bf16") == {"ok": False, "error": "context 'abc' is not a whole number of tokens"}
+    assert kv_view("custom", "", *ref[:-1], None, [], 80, 5, "2k", "fp16", "bf16")["ok"] is False
+    assert kv_view("7b", "", *ref, [], 80, 5, "abc", "fp16", "bf16") == {"ok": False, "error": "context 'abc' is not a whole number of tokens"}
+    assert kv_view("file", "", *ref, [], 80, 5, "2k", "fp16", "auto") == {"ok": False, "error": "give a config.json path (or a shipped config name)"}
+
+
+def _cli_kv(name: str, context: int, memory_gb: int = 80) -> dict:
+    import json
+
+    from diagnose.cli import main
+
+    r = CliRunner().invoke(main, ["kv-budget", "--model-config", name, "--seq-len", str(context), "--memory-gb",
+                                  str(memory_gb), "--overhead-gb", "5", "--format", "json"])
+    if r.exit_code == 2:
+        return {"error": r.output.strip().removeprefix("error: ")}
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def _shipped_configs():
+    from diagnose.accounting import shipped_model_configs
+
+    return shipped_model_configs()
+
+
+@pytest.mark.parametrize("name", _shipped_configs())
+def test_kv_page_and_kv_budget_command_give_one_answer_for_every_shipped_config(name):
+    """The web KV page takes a model config like the CLI and gives the CLI's answer: the same
+    KV bytes per token and per sequence (sliding windows, MLA), weights (quantization: MXFP4
+    experts, FP8) and concurrency, by the shipped name and by the config file's path."""
+    from importlib import resources
+
+    contexts = (2048, 131072)
+    ref = [F.REFERENCE_7B[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                                       "head_dim", "intermediate_size", "vocab_size")]
+    path = str(resources.files("diagnose.data").joinpath("models", f"{name}.json"))
+    for memory_gb in (80, 800):  # 80 GB: the 671B and 47B models do not fit, and both say so
+        webs = (kv_view(name, "", *ref, [], memory_gb, 5, "2048, 131072", "fp16", "auto"),
+                kv_view("file", path, *ref, [], memory_gb, 5, "2048, 131072", "fp16", "auto"))
+        if "error" in _cli_kv(name, 2048, memory_gb):
+            assert [w.get("error") for w in webs] == [_cli_kv(name, 2048, memory_gb)["error"]] * 2
+            continue
+        for web in webs:
+            assert web["ok"], web
+            for row, c in zip(web["rows"], contexts):
+                cli = _cli_kv(name, c, memory_gb)
+                assert (web["kv_bytes_per_token"], web["weight_bytes"], web["weight_dtype"]) == (
+                    cli["kv_bytes_per_token"], cli["weight_bytes"], cli["weight_dtype"])
+                assert (row["kv_bytes_per_sequence"], row["max_sequences"], row["usable_sequences"]) == (
+                    cli["kv_bytes_per_sequence"], cli["max_sequences"], cli["usable_sequences"])
+
+
+def test_kv_page_knows_mxfp4_like_the_cli():
+    """gpt-oss-20b on 80 GB, 131k-token sequences: MXFP4 experts leave room for 18 (the page
+    used to count every weight at 16 bit and said 5)."""
+    ref = [F.REFERENCE_7B[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                                       "head_dim", "intermediate_size", "vocab_size")]
+    web = kv_view("gpt-oss-20b", "", *ref, [], 80, 5, "131072", "fp16", "auto")
+    assert web["rows"][0]["max_sequences"] == _cli_kv("gpt-oss-20b", 131072)["max_sequences"] == 18
 
 
 # -- compare ---------------------------------------------------------------------------------------------

@@ -72,6 +72,8 @@ from diagnose.accounting.weights import (  # noqa: F401
     weight_bytes,
 )
 from diagnose.accounting.kv import (  # noqa: F401
+    KvPlan,
+    kv_plan,
     kv_bytes_per_token_from_shape,
     KvLayout,
     kv_layout,
@@ -96,6 +98,8 @@ from diagnose.accounting.cost import (  # noqa: F401
 )
 
 __all__ = [
+    "KvPlan",
+    "kv_plan",
     "GB",
     "GiB",
     "MiB",

@@ -20,7 +20,7 @@ from diagnose.accounting.units import (
     _positive_int,
 )
 from diagnose.accounting.spec import ModelSpec
-from diagnose.accounting.weights import _tp_shapes
+from diagnose.accounting.weights import _tp_shapes, model_weights
 
 
 def kv_bytes_per_token_from_shape(
@@ -296,3 +296,142 @@ def kv_budget(
         fragmentation_factor=fragmentation_factor,
         fits=fits,
     )
+
+
+@dataclass(frozen=True)
+class KvPlan:
+    """The answer to "how much KV cache, and how many sequences fit" for one model and
+    sequence length: the ``diagnose kv-budget`` result, and one row of the web KV page.
+
+    Attributes:
+        model: the config's name, or None (shape flags only).
+        layers, kv_heads, head_dim: the shapes used; kv_heads_per_rank: KV heads on one
+            tensor-parallel rank (None for MLA, whose latent is not per head).
+        mla: the per-token figure is MLA's latent (kv_lora_rank + qk_rope_head_dim).
+        tp: tensor-parallel ranks; bytes_per_elem: KV element size in bytes.
+        weight_dtype: the weights' format (the override, else the config's quantization).
+        budget: the :class:`KvBudget` (bytes per token, sequence and batch; memory left for
+            KV; the concurrency ceiling and its usable part).
+        notes: assumptions worth a line (sliding windows, MLA, weights not subtracted...).
+    """
+
+    model: str | None
+    layers: int
+    kv_heads: int
+    kv_heads_per_rank: int | None
+    head_dim: int
+    mla: bool
+    tp: int
+    bytes_per_elem: float
+    weight_dtype: str | None
+    budget: KvBudget
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        """The ``diagnose kv-budget --format json`` object."""
+        b = self.budget
+        return {
+            "model": self.model, "layers": self.layers, "kv_heads": self.kv_heads,
+            "kv_heads_per_rank": self.kv_heads_per_rank, "head_dim": self.head_dim, "tp": self.tp,
+            "bytes_per_elem": self.bytes_per_elem, "kv_bytes_per_token": b.kv_bytes_per_token, "seq_len": b.seq_len,
+            "batch": b.batch, "kv_bytes_per_sequence": b.kv_bytes_per_sequence, "kv_bytes_total": b.kv_bytes_total,
+            "kv_gib_per_sequence": b.kv_gib_per_sequence, "kv_gib_total": b.kv_gib_total, "memory_gb": b.memory_gb,
+            "overhead_gb": b.overhead_gb, "weight_bytes": b.weight_bytes, "weight_dtype": self.weight_dtype,
+            "kv_memory_bytes": b.kv_memory_bytes, "kv_memory_gib": b.kv_memory_gib, "max_sequences": b.max_sequences,
+            "usable_sequences": b.usable_sequences, "fragmentation_factor": b.fragmentation_factor, "fits": b.fits,
+            "notes": list(self.notes),
+        }
+
+
+def _kv_shapes(spec: ModelSpec | None, layers: int | None, kv_heads: int | None, head_dim: int | None) -> tuple[int, int, int]:
+    """(layers, kv_heads, head_dim): the flags, else the config's.
+
+    Raises:
+        DiagnoseError: a shape is missing or not positive.
+    """
+    if spec is not None:
+        layers = spec.num_hidden_layers if layers is None else layers
+        kv_heads = spec.num_key_value_heads if kv_heads is None else kv_heads
+        head_dim = spec.head_dim if head_dim is None else head_dim
+    missing = [f for f, v in (("--layers", layers), ("--kv-heads", kv_heads), ("--head-dim", head_dim)) if v is None]
+    if missing:
+        raise DiagnoseError(f"give {', '.join(missing)} or --model-config")
+    for flag, value in (("--layers", layers), ("--kv-heads", kv_heads), ("--head-dim", head_dim)):
+        if value <= 0:
+            raise DiagnoseError(f"{flag} must be > 0, got {value}")
+    return layers, kv_heads, head_dim
+
+
+def kv_plan(spec: ModelSpec | None, seq_len: int, batch: int = 1, *, layers: int | None = None, kv_heads: int | None = None,
+            head_dim: int | None = None, bytes_per_elem: float = 2.0, weight_dtype: str | None = None, tp: int = 1,
+            memory_gb: float | None = None, overhead_gb: float = 0.0, weights_gb: float | None = None,
+            kv_memory_gib: float | None = None) -> KvPlan:
+    """KV-cache bytes per token, sequence and batch, and how many sequences fit: the one
+    function behind ``diagnose kv-budget`` and the web KV page.
+
+    KV bytes per token = 2 * L * n_kv * d * bytes per element (domain.md section 2); from the
+    config, MLA layers cache kv_lora_rank + qk_rope_head_dim per token and sliding-window
+    layers hold at most their window of each sequence. With ``tp``, per rank: max(1, n_kv /
+    tp) KV heads (vLLM). Weights: the config's (quantization-aware, :func:`model_weights`;
+    ``weight_dtype`` overrides), else ``weights_gb``. With ``memory_gb`` (or
+    ``kv_memory_gib``): ceiling = floor(KV memory / KV per sequence), usable =
+    floor(0.75 * ceiling) after fragmentation (domain.md section 3; :func:`kv_budget`).
+
+    Args:
+        spec: the model config, or None (then ``layers``, ``kv_heads``, ``head_dim``).
+        seq_len: tokens per sequence; batch: concurrent sequences.
+        layers, kv_heads, head_dim: shape flags (override the config: every layer then
+            counts as full GQA attention).
+        bytes_per_elem: KV element size in bytes (2 fp16/bf16, 1 fp8/int8, 0.5 int4).
+        memory_gb, overhead_gb, weights_gb: device memory, runtime overhead, weights without
+            a config, in GB (1e9 B); kv_memory_gib: KV memory in GiB (2**30 B) instead.
+
+    Raises:
+        DiagnoseError: missing or bad shapes and sizes, conflicting options, weights plus
+            overhead above the memory.
+    """
+    notes: list[str] = []
+    shape_flags = any(v is not None for v in (layers, kv_heads, head_dim))
+    layers, kv_heads, head_dim = _kv_shapes(spec, layers, kv_heads, head_dim)
+    if not bytes_per_elem > 0 or math.isinf(bytes_per_elem):
+        raise DiagnoseError(f"--bytes-per-elem must be > 0, got {bytes_per_elem}")
+    if spec is not None and weights_gb is not None:
+        raise DiagnoseError("give --weights-gb or --model-config, not both")
+    if weights_gb is not None and weights_gb < 0:
+        raise DiagnoseError(f"--weights-gb must be >= 0, got {weights_gb}")
+    if kv_memory_gib is not None and not kv_memory_gib > 0:
+        raise DiagnoseError(f"--kv-memory-gib must be > 0, got {kv_memory_gib}")
+    if weight_dtype is not None and spec is None:
+        raise DiagnoseError("--weight-dtype needs --model-config")
+    per_seq: int | None = None
+    mla = False
+    if spec is not None and not shape_flags:
+        lay = kv_layout(spec, tp)
+        per_token = math.ceil(lay.elements_per_token * bytes_per_elem)
+        if lay.sliding:
+            per_seq = math.ceil(lay.sequence_elements(seq_len) * bytes_per_elem)
+            windows = ", ".join(str(w) for w, _ in lay.sliding)
+            notes.append(f"{spec.num_sliding_layers} sliding-window layers (window {windows}) hold at most their window of each sequence")
+        mla = spec.mla is not None
+        kv_heads_rank = None if mla else max(1, kv_heads // tp)
+        if mla:
+            notes.append("MLA: kv_lora_rank + qk_rope_head_dim elements per token and layer (--kv-heads/--head-dim do not apply)")
+    else:
+        if tp > 1 and kv_heads % tp and tp % kv_heads:
+            raise DiagnoseError(f"--tp {tp}: --kv-heads {kv_heads} and {tp} do not divide one another")
+        kv_heads_rank = max(1, kv_heads // tp)
+        per_token = math.ceil(2 * layers * kv_heads_rank * head_dim * bytes_per_elem)
+        if spec is not None and (spec.mla is not None or spec.layer_windows):
+            notes.append("shape flags given: every layer counted as full GQA attention with those shapes")
+    w = model_weights(spec, weight_dtype, tp) if spec is not None else None
+    budget = kv_budget(per_token, seq_len, batch, memory_gb=memory_gb, overhead_gb=overhead_gb,
+                       weight_bytes=w.bytes if w is not None else round((weights_gb or 0.0) * GB),
+                       kv_memory_bytes=None if kv_memory_gib is None else round(kv_memory_gib * GiB),
+                       kv_bytes_per_sequence=per_seq)
+    if memory_gb is not None and spec is None and weights_gb is None and kv_memory_gib is None:
+        notes.append("no weights subtracted from --memory-gb: give --model-config or --weights-gb")
+    if kv_memory_gib is not None and memory_gb is not None:
+        notes.append("--kv-memory-gib given: --memory-gb/--overhead-gb/weights are not used for the KV memory")
+    wd = (weight_dtype.lower() if weight_dtype else model_weights(spec, None, tp).weight_format) if spec else None
+    return KvPlan(spec.name if spec else None, layers, kv_heads, kv_heads_rank, head_dim, mla, tp, bytes_per_elem, wd,
+                  budget, tuple(notes))
