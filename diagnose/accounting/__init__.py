@@ -96,8 +96,10 @@ from diagnose.accounting.cost import (  # noqa: F401
     prefill_bound_s,
     ridge_point_flop_per_byte,
 )
+from diagnose.accounting.bounds import bounds_table  # noqa: F401  (after cost: it uses the roofline)
 
 __all__ = [
+    "bounds_table",
     "KvPlan",
     "kv_plan",
     "GB",
