@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from diagnose.report import fmt
 from diagnose.vocab import LEVERS, SEVERITY_COLORS
 
 from diagnose.app.timeline import (  # noqa: F401  (re-exported: the figure builders live here)
@@ -69,31 +70,10 @@ def _num(v: Any) -> float | None:
 
 
 def fmt_value(v: Any, unit: str = "") -> str:
-    """Human text for a value in ``unit`` ("share" -> %, "x" -> ratio, "ms", ...)."""
-    if v is None:
-        return NA
-    if isinstance(v, str):
-        return v
-    f = _num(v)
-    if f is None:
-        return NA
-    if unit == "share":
-        return f"{f * 100:.1f} %"
-    if unit == "x":
-        return f"{f:.2f}×"
-    if unit in ("count", "steps"):
-        return f"{int(round(f)):,}"
-    if abs(f) >= 1000:
-        s = f"{f:,.0f}"
-    elif abs(f) >= 100:
-        s = f"{f:.1f}"
-    elif abs(f) >= 1:
-        s = f"{f:.3g}" if abs(f) < 10 else f"{f:.2f}"
-    elif f == 0:
-        s = "0"
-    else:
-        s = f"{f:.3g}"
-    return f"{s} {unit}".strip() if unit else s
+    """Human text for a value in ``unit`` (:func:`diagnose.report.fmt.value`); a missing
+    value reads :data:`NA` on the web."""
+    text = fmt.value(v, unit)
+    return NA if text == fmt.NA else text
 
 
 def report_devices(report: Mapping) -> list[int | None]:
@@ -803,7 +783,7 @@ def compare_view(cmp: Any) -> dict:
         elif r["kind"] == "ms":
             text = f"x{ch:.3f} ({100 * (ch - 1):+.1f} %)"
         else:
-            text = f"{100 * ch:+.1f} pp"
+            text = fmt.pp(ch)
         neutral = 1.0 if r["kind"] == "ms" else 0.0
         higher_better = r["finding"].endswith((".mfu", ".mbu"))
         worse = None if ch is None else (ch < neutral if higher_better else ch > neutral)

@@ -63,6 +63,7 @@ from typing import Any, Callable, Sequence
 from diagnose import accounting
 from diagnose.accounting import ModelSpec
 from diagnose.errors import DiagnoseError
+from diagnose.report import fmt
 from diagnose.roofline import roofline
 
 BENCH_SCHEMA = "diagnose.bench"
@@ -746,16 +747,8 @@ def write_results(results: dict, out: str) -> None:
             os.unlink(tmp)
 
 
-def _fmt_ctx(n: int) -> str:
-    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:.1f} %"
-
-
-def _num(x: float | None, fmt: str = "{:.3f}") -> str:
-    return "-" if x is None else fmt.format(x)
+def _num(x: float | None, spec: str = "{:.3f}") -> str:
+    return fmt.NA if x is None else spec.format(x)
 
 
 def results_table(results: dict) -> Any:
@@ -780,19 +773,19 @@ def results_table(results: dict) -> Any:
         if r["scenario"] == "prefill":
             params = f"S={r['prompt_len']}"
         else:
-            params = f"B={r['batch']}, ctx {_fmt_ctx(r['context'])}"
+            params = f"B={r['batch']}, ctx {fmt.tokens(r['context'])}"
         if r["status"] != "ok":
-            table.add_row(r["scenario"], params, "OOM", "OOM", "-", "-", _num(r["bound_ms"], "{:.4g}"), "-")
+            table.add_row(r["scenario"], params, "OOM", "OOM", fmt.NA, fmt.NA, _num(r["bound_ms"], "{:.4g}"), fmt.NA)
             continue
         t = r["time_ms"]
         if r["scenario"] == "prefill":
             derived = f"{r['achieved_tflops']:.3g} TFLOP/s"
-            att = f"MFU {_pct(r['mfu'])}" if r["mfu"] is not None else "-"
+            att = f"MFU {fmt.pct(r['mfu'])}" if r["mfu"] is not None else fmt.NA
         else:
             derived = f"{r['tokens_per_s']:,.0f} tok/s"
-            att = f"MBU {_pct(r['mbu'])}" if r["mbu"] is not None else "-"
-        ratio = "-" if r["bound_ratio"] is None else f"{r['bound_ratio']:.2f}x"
-        bound = "-" if r["bound_ms"] is None else f"{r['bound_ms']:.4g} ({r['bound']})"
+            att = f"MBU {fmt.pct(r['mbu'])}" if r["mbu"] is not None else fmt.NA
+        ratio = fmt.NA if r["bound_ratio"] is None else f"{r['bound_ratio']:.2f}x"
+        bound = fmt.NA if r["bound_ms"] is None else f"{r['bound_ms']:.4g} ({r['bound']})"
         table.add_row(r["scenario"], params, f"{t['p50']:.3f}", f"{t['p99']:.3f}", derived, att, bound, ratio)
     if peak is None:
         table.caption = f"MFU/MBU/bound skipped: {results.get('peak_missing')}"

@@ -41,6 +41,7 @@ from diagnose.accounting import (
 from diagnose.clitypes import POSITIVE_INT_LIST
 from diagnose.errors import DiagnoseError
 from diagnose.hardware import peak_from_overrides
+from diagnose.report import fmt
 
 __all__ = ["bounds_command", "kv_budget_command", "load_model_config"]
 
@@ -63,14 +64,6 @@ def _console() -> Console:
     if not console.is_terminal:
         console = Console(file=sys.stdout, width=200, color_system=None)
     return console
-
-
-def _gb(n: float) -> str:
-    return f"{n / GB:,.2f}"
-
-
-def _gib(n: float) -> str:
-    return f"{n / GiB:,.3f}"
 
 
 # -- kv-budget ----------------------------------------------------------------------
@@ -177,23 +170,23 @@ def _print_kv(plan: KvPlan) -> None:
     table.add_row(
         f"KV per sequence ({seq_len:,} tokens)",
         f"{budget.kv_bytes_per_sequence:,}",
-        _gb(budget.kv_bytes_per_sequence),
-        _gib(budget.kv_bytes_per_sequence),
+        fmt.gb(budget.kv_bytes_per_sequence),
+        fmt.gib(budget.kv_bytes_per_sequence),
     )
     table.add_row(
         f"KV for batch {batch}",
         f"{budget.kv_bytes_total:,}",
-        _gb(budget.kv_bytes_total),
-        _gib(budget.kv_bytes_total),
+        fmt.gb(budget.kv_bytes_total),
+        fmt.gib(budget.kv_bytes_total),
     )
     if budget.weight_bytes:
-        table.add_row("weights", f"{budget.weight_bytes:,}", _gb(budget.weight_bytes), _gib(budget.weight_bytes))
+        table.add_row("weights", f"{budget.weight_bytes:,}", fmt.gb(budget.weight_bytes), fmt.gib(budget.weight_bytes))
     if budget.kv_memory_bytes is not None:
         table.add_row(
             "memory left for KV",
             f"{budget.kv_memory_bytes:,}",
-            _gb(budget.kv_memory_bytes),
-            _gib(budget.kv_memory_bytes),
+            fmt.gb(budget.kv_memory_bytes),
+            fmt.gib(budget.kv_memory_bytes),
         )
     console.print(table)
     if budget.max_sequences is not None:
@@ -303,7 +296,7 @@ def _print_bounds(r: dict[str, Any]) -> None:
     mt.add_row("params: active per token (no embedding)", f"{m['params_active_per_token']:,}", "", "")
     if m["params_mtp"]:
         mt.add_row("params: MTP layers (not counted)", f"{m['params_mtp']:,}", "", "")
-    mt.add_row(f"weight bytes ({m['weight_format']})", f"{m['weight_bytes']:,}", _gb(m["weight_bytes"]), _gib(m["weight_bytes"]))
+    mt.add_row(f"weight bytes ({m['weight_format']})", f"{m['weight_bytes']:,}", fmt.gb(m["weight_bytes"]), fmt.gib(m["weight_bytes"]))
     mt.add_row(
         f"KV bytes per token ({m['kv_dtype']}, {m['kv_dtype_source']})" if m.get("kv_dtype_source") else f"KV bytes per token ({m['kv_dtype']})",
         f"{m['kv_bytes_per_token']:,} ({m['kv_bytes_per_token'] / KiB:g} KiB)",
@@ -338,12 +331,12 @@ def _print_bounds(r: dict[str, Any]) -> None:
     for col in cols:
         dt.add_column(col, justify="right")
     for d in r["decode"]:
-        row = [str(d["batch"]), f"{d['context']:,}", _gb(d["weight_bytes"])]
+        row = [str(d["batch"]), f"{d['context']:,}", fmt.gb(d["weight_bytes"])]
         if moe is not None:
             row.append(f"{d['experts_touched_per_layer']:.2f} of {moe['num_experts']}")
         row += [
-            _gb(d["kv_read_bytes"]),
-            _gb(d["bytes_per_step"]),
+            fmt.gb(d["kv_read_bytes"]),
+            fmt.gb(d["bytes_per_step"]),
             f"{d['step_ms']:.2f}",
             f"{d['tokens_per_s']:,.0f}",
             f"{d['per_token_ms']:.2f}",

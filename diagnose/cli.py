@@ -61,7 +61,7 @@ def _run_fleet(paths, trace_dir, executor, scheduler, fmt, out_path, options, ru
 def _emit_fleet(result: dict, fmt: str, out_path: str | None) -> None:
     """Print a fleet result (several ranks); exit 2 when a rank could not be analysed (the
     others are still reported), as for any unusable input."""
-    from diagnose.multi import render_fleet
+    from diagnose.report.fleet import render_fleet
     from diagnose.report.jsonout import to_json
     from diagnose.textsafe import safe
 

@@ -27,6 +27,7 @@ from diagnose.engine import RuleSet, Verdicts, evaluate
 from diagnose.errors import DiagnoseError
 from diagnose.findings import Findings, as_report, flatten, labels, report_findings, unreliable_findings
 from diagnose.model import Report
+from diagnose.report import fmt
 from diagnose.vocab import UNREPRESENTATIVE_TRACE_TYPES
 
 GATE_PHASES = ("all", "prefill", "decode", "mixed")
@@ -57,10 +58,6 @@ def launch_limit(ruleset: RuleSet) -> float:
     if r is not None and LAUNCH_THRESHOLD in r.thresholds:
         return float(r.thresholds[LAUNCH_THRESHOLD].value)
     return DEFAULT_MAX_LAUNCH_GAP_SHARE
-
-
-def _pct(v: float | None) -> str:
-    return "—" if v is None else f"{100 * v:.1f} %"
 
 
 def gate_report(report: Report | Mapping[str, Any], ruleset: RuleSet, phases: Sequence[str] = ("decode",),
@@ -96,7 +93,7 @@ def gate_report(report: Report | Mapping[str, Any], ruleset: RuleSet, phases: Se
         for metric, lim in limits:
             val = findings.get(f"{ph}.{metric}")
             base = {"classname": f"diagnose.gate.{ph}", "name": metric, "phase": ph, "metric": metric, "value": val, "threshold": lim}
-            where = f"(window {'—' if window is None else f'{window:.3f}'} ms, {steps} steps)"
+            where = f"(window {fmt.ms(window)} ms, {steps} steps)"
             if val is None and f"{ph}.{metric}" in unreliable:
                 checks.append({**base, "status": "fail",
                                "message": f"{ph} {metric}: unreliable in this trace (see quality; use --allow-partial to accept)"})
@@ -104,9 +101,9 @@ def gate_report(report: Report | Mapping[str, Any], ruleset: RuleSet, phases: Se
                 checks.append({**base, "status": "skipped" if allow_missing else "fail",
                                "message": f"{ph}: no data" + (" (allowed by --allow-missing)" if allow_missing else " (use --allow-missing to accept)")})
             elif val > lim:
-                checks.append({**base, "status": "fail", "message": f"{ph} {metric} {_pct(val)} > {_pct(lim)} {where}"})
+                checks.append({**base, "status": "fail", "message": f"{ph} {metric} {fmt.pct(val)} > {fmt.pct(lim)} {where}"})
             else:
-                checks.append({**base, "status": "pass", "message": f"{ph} {metric} {_pct(val)} <= {_pct(lim)} {where}"})
+                checks.append({**base, "status": "pass", "message": f"{ph} {metric} {fmt.pct(val)} <= {fmt.pct(lim)} {where}"})
 
     scopes = ["trace"] + (["metrics"] if metrics else [])
     verdicts = evaluate(ruleset.rules, findings, scope=scopes, overrides=ruleset.overrides,
@@ -131,20 +128,12 @@ def gate_report(report: Report | Mapping[str, Any], ruleset: RuleSet, phases: Se
 GATING_TRACE_TYPES: tuple[str, ...] = UNREPRESENTATIVE_TRACE_TYPES
 
 
-def fmt_value(v: Any) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
 def measured_text(entry: Mapping[str, Any]) -> str:
     """``finding=value, ... (thresholds: name=value)`` of a verdict entry's evidence."""
     f = entry["evidence"]["findings"]
     t = entry["evidence"]["thresholds"]
-    a = ", ".join(f"{k}={fmt_value(x)}" for k, x in f.items() if x is not None)
-    b = ", ".join(f"{k}={fmt_value(x['value'])}" for k, x in t.items())
+    a = ", ".join(f"{k}={fmt.short(x)}" for k, x in f.items() if x is not None)
+    b = ", ".join(f"{k}={fmt.short(x['value'])}" for k, x in t.items())
     return f"{a}" + (f" (thresholds: {b})" if b else "")
 
 

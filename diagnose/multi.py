@@ -11,7 +11,8 @@ Public API:
 - :func:`analyze_merged` gives the same fleet result for ONE file that holds several ranks
   (SGLang's ProfileMerger output: quality code ``ranks_merged``), rank by rank.
 - :func:`find_stragglers` is the straggler rule on plain numbers.
-- :func:`render_fleet` prints the fleet result as a rich table.
+
+:func:`diagnose.report.fleet.render_fleet` prints the fleet result (beside the run renderer).
 
 Only plain JSON-able report dicts travel between processes, never ``Analysis`` objects (their
 activity DataFrame is large). With Dask, every worker must be able to read the trace paths
@@ -285,45 +286,39 @@ def analyze_one(path: str, options: Any = None, lenient: bool = False, ruleset: 
 # ---------------------------------------------------------------- summary rows
 
 
-def _main_phase(report: dict[str, Any], name: str) -> dict[str, Any] | None:
-    """The phase ``name`` of the device with the most GPU busy time."""
-    cands = [p for p in report.get("phases") or [] if p.get("name") == name]
-    if not cands:
-        return None
-    return max(cands, key=lambda p: p.get("gpu_busy_ms") or 0.0)  # first one on ties
-
-
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
-    """One summary row for a rank's report. Phase numbers come from the decode phase when the
-    trace has decode steps, else from 'all' (named in ``phase``)."""
-    dec = _main_phase(report, "decode")
-    allp = _main_phase(report, "all")
-    ph = dec or allp or {}
-    dev_id = ph.get("device")
-    devices = report.get("devices") or []
-    named = [d for d in devices if d.get("id") == dev_id] or (devices if len(devices) == 1 else [])
-    device = (named[0].get("name") or "") if named else ""
-    tpot = ((report.get("latency") or {}).get("tpot_ms")) or {}
-    syms = report.get("symptoms") or []
+    """One summary row for a rank's report, for the device the rules read
+    (:func:`diagnose.findings.select_device`: the most GPU busy time). Phase numbers come from
+    that device's decode phase when it has one, else from its 'all' row (named in ``phase``)."""
+    from diagnose.findings import as_report, device_rows
+
+    rep = as_report(report)
+    rows = device_rows(rep)
+    dec, allp = rows.get("decode"), rows.get("all")
+    ph = dec or allp
+    dev_id = ph.device if ph is not None else None
+    named = [d for d in rep.devices if d.id == dev_id] or (rep.devices if len(rep.devices) == 1 else [])
+    device = (named[0].name or "") if named else ""
+    syms = rep.symptoms or []
     return {
         "rank": report.get("rank"),
         "rank_source": report.get("rank_source"),
         "world_size": report.get("world_size"),
-        "path": (report.get("source") or {}).get("path"),
+        "path": rep.source.path,
         "device": device,
-        "phase": ph.get("name"),
-        "steps": ph.get("steps"),
-        "tpot_p50_ms": tpot.get("p50"),
-        "tpot_p99_ms": tpot.get("p99"),
-        "launch_gap_share": ph.get("launch_gap_share"),
-        "gpu_idle_share": ph.get("gpu_idle_share"),
-        "gpu_busy_ms": ph.get("gpu_busy_ms"),
-        "wall_ms": ph.get("wall_ms"),
-        "all_wall_ms": (allp or {}).get("wall_ms"),
-        "mbu": ph.get("mbu"),
-        "top_symptom": syms[0].get("id") if syms else None,
-        "top_symptom_severity": syms[0].get("severity") if syms else None,
-        "partial": bool(report.get("partial")),
+        "phase": ph.name if ph is not None else None,
+        "steps": ph.step_count if ph is not None else None,
+        "tpot_p50_ms": rep.latency.tpot_ms.p50_ms,
+        "tpot_p99_ms": rep.latency.tpot_ms.p99_ms,
+        "launch_gap_share": ph.launch_gap_share if ph is not None else None,
+        "gpu_idle_share": ph.gpu_idle_share if ph is not None else None,
+        "gpu_busy_ms": ph.gpu_busy_ms if ph is not None else None,
+        "wall_ms": ph.wall_ms if ph is not None else None,
+        "all_wall_ms": allp.wall_ms if allp is not None else None,
+        "mbu": ph.mbu if ph is not None else None,
+        "top_symptom": syms[0].id if syms else None,
+        "top_symptom_severity": syms[0].severity if syms else None,
+        "partial": bool(rep.partial),
         "straggler": False,
     }
 
@@ -637,69 +632,3 @@ def analyze_merged(trace: Any, options: Any = None, ruleset: Any = None) -> dict
     for err, report in zip(out["errors"], [r for r in results if "error" in r]):
         err["label"] = report.get("rank_label")
     return out
-
-
-# ---------------------------------------------------------------- terminal
-
-
-def _ms(v: Any) -> str:
-    return "-" if v is None else f"{v:.3f}"
-
-
-def _pct(v: Any) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
-
-
-def render_fleet(result: dict[str, Any], console: Any) -> None:
-    """Print the fleet result on a rich ``Console``: one row per rank, stragglers in bold red."""
-    from rich.markup import escape as _markup_escape
-    from rich.table import Table
-
-    from diagnose.textsafe import safe
-
-    def escape(text: str) -> str:  # names from the trace: control characters shown, markup escaped
-        return _markup_escape(safe(text))
-
-    rows = result.get("ranks") or []
-    errs = result.get("errors") or []
-    t = Table(title=f"Fleet: {len(rows) + len(errs)} trace(s), {len(rows)} analysed ({result.get('executor')})",
-              title_justify="left")
-    for col, just in (("rank", "right"), ("trace", "left"), ("device", "left"), ("phase", "left"), ("steps", "right"),
-                      ("TPOT p50 ms", "right"), ("TPOT p99 ms", "right"), ("launch gap", "right"), ("GPU idle", "right"),
-                      ("busy ms", "right"), ("wall ms", "right"), ("MBU", "right"), ("top symptom", "left")):
-        t.add_column(col, justify=just, overflow="fold")
-    for r in rows:
-        rank = "-" if r.get("rank") is None else str(r["rank"])
-        t.add_row(
-            rank + (" SLOW" if r.get("straggler") else ""),
-            escape(os.path.basename(r.get("path") or "") + (f" [{r['label']}]" if r.get("label") else "")),
-            escape(r.get("device") or "?"),
-            r.get("phase") or "-",
-            "-" if r.get("steps") is None else str(r["steps"]),
-            _ms(r.get("tpot_p50_ms")), _ms(r.get("tpot_p99_ms")),
-            _pct(r.get("launch_gap_share")), _pct(r.get("gpu_idle_share")),
-            _ms(r.get("gpu_busy_ms")), _ms(r.get("wall_ms")), _pct(r.get("mbu")),
-            escape(r.get("top_symptom") or "-"),
-            style="bold red" if r.get("straggler") else None,
-        )
-    console.print(t)
-    rule = result.get("straggler_rule") or {}
-    strag = result.get("stragglers") or []
-    if strag:
-        for s in strag:
-            exc = s.get("excess_share")
-            who = f"rank {s['rank']}" if s.get("rank") is not None else "trace"
-            console.print(f"[bold red]straggler[/]: {who} ({escape(os.path.basename(s.get('path') or ''))}) "
-                          f"{s['metric']} = {s['value']:.3f}, median {s['median']:.3f}"
-                          + (f" (+{100 * exc:.0f}%)" if exc is not None else ""), highlight=False)
-    elif rule.get("note"):
-        console.print(f"stragglers: not checked ({rule['note']})", highlight=False)
-    else:
-        console.print(f"stragglers: none ({rule.get('metric')}, median {_ms(rule.get('median'))}, MAD {_ms(rule.get('mad'))})",
-                      highlight=False)
-    for n in result.get("notes") or []:
-        console.print(f"[yellow]note[/]: {escape(n)}", highlight=False)
-    for e in errs:
-        where = os.path.basename(e.get("path") or "") + (f" [{e['label']}]" if e.get("label") else "")
-        console.print(f"[red]error[/]: rank {e.get('rank') if e.get('rank') is not None else '?'} "
-                      f"({escape(where)}): {escape(str(e.get('error')))}", highlight=False)

@@ -28,6 +28,7 @@ from diagnose.findings import load_metrics
 from diagnose.gate import GATE_PHASES, LAUNCH_RULE, LAUNCH_THRESHOLD, gate_report, measured_text, write_junit
 from diagnose.model import Report
 from diagnose.options import AnalysisOptions, RuleOptions
+from diagnose.report import fmt
 from diagnose.textsafe import safe
 from diagnose.vocab import SCOPES, SEVERITIES
 
@@ -45,15 +46,7 @@ def ruleset_from(rule_opts: RuleOptions, extra: dict[str, float] | None = None) 
 
 
 def _fmt(v: Any, kind: str = "num") -> str:
-    if v is None:
-        return "—"
-    if kind == "pct":
-        return f"{100 * v:.1f} %"
-    if kind == "ms":
-        return f"{v:.3f}"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+    return fmt.pct(v) if kind == "pct" else fmt.ms(v) if kind == "ms" else fmt.short(v)
 
 
 def _print_verdicts(v: Verdicts, title: str) -> None:

@@ -11,7 +11,8 @@ import pytest
 from rich.console import Console
 
 from diagnose.errors import DiagnoseError
-from diagnose.multi import analyze_many, analyze_one, discover, find_stragglers, render_fleet
+from diagnose.multi import analyze_many, analyze_one, discover, find_stragglers
+from diagnose.report.fleet import render_fleet
 
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 

@@ -16,24 +16,9 @@ from rich.text import Text
 
 from diagnose.analyzers import Analysis
 from diagnose.hardware import describe_devices, describe_peak
+from diagnose.report import fmt
 from diagnose.textsafe import safe
 from diagnose.vocab import GAP_CAUSE_LABELS, SEVERITY_STYLES
-
-
-def _pct(x: float | None) -> str:
-    return "—" if x is None else f"{100 * x:.1f} %"
-
-
-def _ms(x: float | None, nd: int = 3) -> str:
-    return "—" if x is None else f"{x:.{nd}f}"
-
-
-def _num(x: Any, nd: int = 3) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, float):
-        return f"{x:.{nd}f}"
-    return str(x)
 
 
 def _console(console: Console | None) -> Console:
@@ -101,12 +86,12 @@ def render_report(d: dict[str, Any], console: Console | None = None, metadata: d
     for k in extra_cols:
         t.add_column(k.upper() if k != "bound_ratio" else "bound ratio", justify="right")
     for p in d["phases"]:
-        busy = _ms(p["gpu_busy_ms"]) if p["device"] is not None else "—"
-        row = [p["name"], _num(p["device"]), str(p["steps"]), _ms(p.get("own_ms")), _ms(p["wall_ms"]), busy,
-               _pct(p["gpu_idle_share"]), _pct(p["launch_gap_share"]), _pct(p["attention_share"]), str(p["kernel_count"])]
+        busy = fmt.ms(p["gpu_busy_ms"]) if p["device"] is not None else "—"
+        row = [p["name"], fmt.number(p["device"]), str(p["steps"]), fmt.ms(p.get("own_ms")), fmt.ms(p["wall_ms"]), busy,
+               fmt.pct(p["gpu_idle_share"]), fmt.pct(p["launch_gap_share"]), fmt.pct(p["attention_share"]), str(p["kernel_count"])]
         for k in extra_cols:
             v = p.get(k)
-            cell = _pct(v) if k in ("mfu", "mbu") else _num(v, 2)
+            cell = fmt.pct(v) if k in ("mfu", "mbu") else fmt.number(v, 2)
             row.append("n/a" if v is not None and k in (p.get("unreliable") or []) else cell)
         t.add_row(*row)
     c.print(t)
@@ -127,17 +112,17 @@ def render_report(d: dict[str, Any], console: Console | None = None, metadata: d
         lt.add_column(col, justify="left" if col == "metric" else "right")
     n_pre = lat["ttft_samples"]
     lt.add_row(f"TTFT proxy (first of {n_pre} prefill steps)" if n_pre > 1 else "TTFT proxy (first prefill step)",
-               "1" if n_pre else "0", _ms(lat["ttft_ms"]), "", "")
+               "1" if n_pre else "0", fmt.ms(lat["ttft_ms"]), "", "")
     tp = lat["tpot_ms"]
-    lt.add_row("TPOT", str(lat["tpot_samples"]), _ms(tp["p50"]), _ms(tp["p90"]), _ms(tp["p99"]))
+    lt.add_row("TPOT", str(lat["tpot_samples"]), fmt.ms(tp["p50"]), fmt.ms(tp["p90"]), fmt.ms(tp["p99"]))
     itl = lat.get("itl_ms") or {}
     if lat.get("itl_samples"):
-        lt.add_row("ITL (decode + mixed)", str(lat["itl_samples"]), _ms(itl.get("p50")), _ms(itl.get("p90")), _ms(itl.get("p99")))
+        lt.add_row("ITL (decode + mixed)", str(lat["itl_samples"]), fmt.ms(itl.get("p50")), fmt.ms(itl.get("p90")), fmt.ms(itl.get("p99")))
     for key, label in (("prefill_step_ms", "prefill step (own)"), ("decode_step_ms", "decode step (own)"),
                        ("mixed_step_ms", "mixed step (own)")):
         v = lat.get(key) or {}
         if v.get("p50") is not None:
-            lt.add_row(label, "", _ms(v["p50"]), _ms(v["p90"]), _ms(v["p99"]))
+            lt.add_row(label, "", fmt.ms(v["p50"]), fmt.ms(v["p90"]), fmt.ms(v["p99"]))
     c.print(lt)
     c.print(f"[dim]TPOT = {escape(lat['tpot_definition'])}[/dim]")
 
@@ -185,7 +170,7 @@ def _render_waits(c: Console, d: dict[str, Any]) -> None:
             t.add_column(col, justify="right" if col in ("start ms", "idle ms") else "left", overflow="fold")
         for g in p["gaps"].get("longest") or []:
             cause = g["cause"] + (f" (after {g['waited_on']})" if g.get("waited_on") else "")
-            t.add_row(_ms(g["start_ms"]), _ms(g["ms"]), safe(cause), safe(g.get("host_call") or "—"), safe(g.get("next") or "")[:70])
+            t.add_row(fmt.ms(g["start_ms"]), fmt.ms(g["ms"]), safe(cause), safe(g.get("host_call") or "—"), safe(g.get("next") or "")[:70])
         c.print(t)
         c.print("[dim]" + escape("; ".join(f"{k}: {GAP_CAUSE_LABELS[k]}" for k in by if k in GAP_CAUSE_LABELS)) + "[/dim]")
     steps = d.get("steps") or []
@@ -207,7 +192,7 @@ def _render_kernel_table(c: Console, rows: list[dict[str, Any]]) -> None:
     for r in rows[:10]:
         frac = max([x for x in (r.get("peak_tflops_share"), r.get("peak_tbps_share")) if x is not None], default=None)
         t.add_row(r.get("phase") or "", safe(r.get("op") or "—"), safe(str(r.get("input_dims") or ""))[:40],
-                  safe(str(r.get("kernel") or ""))[:48], str(r.get("calls")), _ms(r.get("total_ms")),
-                  _pct(r.get("kernel_time_share")), _num(r.get("achieved_tflops"), 1), _num(r.get("achieved_tbps"), 2),
-                  _pct(frac), r.get("bound") or (r.get("shapes_unknown") and "shapes unknown") or "—")
+                  safe(str(r.get("kernel") or ""))[:48], str(r.get("calls")), fmt.ms(r.get("total_ms")),
+                  fmt.pct(r.get("kernel_time_share")), fmt.number(r.get("achieved_tflops"), 1), fmt.number(r.get("achieved_tbps"), 2),
+                  fmt.pct(frac), r.get("bound") or (r.get("shapes_unknown") and "shapes unknown") or "—")
     c.print(t)
