@@ -7,6 +7,7 @@
     >>> r.phases[["name", "own_ms", "mbu", "bound_ratio"]]
     >>> r.gaps.sort_values("ms", ascending=False).head()     # every idle gap, with its cause
     >>> r.kernels.head()                                      # which kernel to tune
+    >>> r.findings["decode.launch_gap_share"]                 # the numbers the rules read
 
 :func:`analyze_trace` takes the same options as the command line (``--model-config`` is
 ``model_config=...``, see :class:`~diagnose.options.AnalysisOptions`) plus the rule options
@@ -45,6 +46,17 @@ class Report:
     def headline(self) -> dict[str, Any] | None:
         """{text, rule_id, cause, ms, share[, caveat]}: what the report leads with."""
         return self.report.get("headline")
+
+    @property
+    def findings(self) -> dict[str, float | int | None]:
+        """The rules' flat namespace (``decode.launch_gap_share``, ``latency.tpot_p99_ms``...):
+        the numbers the verdicts read, as the report ships them."""
+        return dict(self.report.get("findings") or {})
+
+    @property
+    def model(self):
+        """The report as its typed record (:class:`diagnose.model.Report`)."""
+        return self.analysis.report
 
     @property
     def symptoms(self) -> list[dict[str, Any]]:

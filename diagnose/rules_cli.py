@@ -28,7 +28,7 @@ from diagnose.findings import load_metrics
 from diagnose.gate import GATE_PHASES, LAUNCH_RULE, LAUNCH_THRESHOLD, gate_report, measured_text, write_junit
 from diagnose.model import Report
 from diagnose.options import AnalysisOptions, RuleOptions
-from diagnose.report import fmt
+from diagnose.report import fmt as numfmt
 from diagnose.textsafe import safe
 from diagnose.vocab import SCOPES, SEVERITIES
 
@@ -46,7 +46,7 @@ def ruleset_from(rule_opts: RuleOptions, extra: dict[str, float] | None = None) 
 
 
 def _fmt(v: Any, kind: str = "num") -> str:
-    return fmt.pct(v) if kind == "pct" else fmt.ms(v) if kind == "ms" else fmt.short(v)
+    return numfmt.pct(v) if kind == "pct" else numfmt.ms(v) if kind == "ms" else numfmt.short(v)
 
 
 def _print_verdicts(v: Verdicts, title: str) -> None:
@@ -61,6 +61,22 @@ def _print_verdicts(v: Verdicts, title: str) -> None:
 def _echo(text: str = "") -> None:
     """One line of text output; names from the trace are shown with control characters escaped."""
     click.echo(safe(text))
+
+
+def _print_table(headers: list[str], rows: list[list[str]], title: str | None = None) -> None:
+    """A rich table on stdout: the first column left-aligned, the others right-aligned; trace
+    names escaped (control characters shown, markup inert)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", box=None, pad_edge=False, header_style="bold")
+    for i, h in enumerate(headers):
+        t.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+    for r in rows:
+        t.add_row(*(escape(safe(c)) for c in r))
+    c = Console()
+    (c if c.is_terminal else Console(width=200, color_system=None)).print(t)
 
 
 def _severity_choice():
@@ -209,23 +225,19 @@ def compare_command(baseline_path, candidate_path, fmt, fail_on, metrics_path, a
         _echo(f"warning: {w}")
     for u in cmp.unreliable:
         _echo(f"{'warning' if allow_partial else 'unreliable'}: {u}")
-    w0 = max(len(r["name"]) for r in cmp.rows)
-    _echo(f"{'metric':<{w0}}  {'baseline':>12}  {'candidate':>12}  change")
-    for r in cmp.rows:
-        b, c = r["baseline"], r["candidate"]
-        if b is None and c is None:
-            continue
-        _echo(f"{r['name']:<{w0}}  {_fmt(b, r['kind']):>12}  {_fmt(c, r['kind']):>12}  "
-                   f"{_change_text(r['kind'], r.get('ratio', r.get('change')))}")
+    _print_table(["metric", "baseline", "candidate", "change"],
+                 [[r["name"], _fmt(r["baseline"], r["kind"]), _fmt(r["candidate"], r["kind"]),
+                   _change_text(r["kind"], r.get("ratio", r.get("change")))]
+                  for r in cmp.rows if r["baseline"] is not None or r["candidate"] is not None])
     if cmp.category_deltas:
-        _echo("kernel time by category (ms):")
-        for d in cmp.category_deltas:
-            ratio = "—" if d["ratio"] is None else f"x{d['ratio']:.2f}"
-            _echo(f"  {d['phase']:<8} {d['category']:<13} {d['baseline_ms']:>10.3f}  {d['candidate_ms']:>10.3f}  {ratio}")
+        _print_table(["phase", "category", "baseline ms", "candidate ms", "ratio"],
+                     [[d["phase"], d["category"], numfmt.ms(d["baseline_ms"]), numfmt.ms(d["candidate_ms"]),
+                       numfmt.NA if d["ratio"] is None else f"x{d['ratio']:.2f}"] for d in cmp.category_deltas],
+                     title="kernel time by category (ms):")
     if cmp.kernel_deltas:
-        _echo("kernels whose time changed most (ms):")
-        for d in cmp.kernel_deltas[:5]:
-            _echo(f"  {d['phase']:<8} {d['baseline_ms']:>10.3f}  {d['candidate_ms']:>10.3f}  {d['name'][:80]}")
+        _print_table(["phase", "baseline ms", "candidate ms", "kernel"],
+                     [[d["phase"], numfmt.ms(d["baseline_ms"]), numfmt.ms(d["candidate_ms"]), d["name"][:80]]
+                      for d in cmp.kernel_deltas[:5]], title="kernels whose time changed most (ms):")
     _print_verdicts(cmp.verdicts, "rules (compare scope" + (", metrics" if metrics_path else "") + ")")
     if cmp.new_symptoms:
         _echo("new in candidate: " + ", ".join(f"{s['id']} [{s['severity']}]" for s in cmp.new_symptoms))
@@ -295,10 +307,7 @@ def sweep_command(trace_paths, labels, fmt, fail_on, **shared):
             ("prefill MFU", "prefill_mfu", "pct")]
     rows = [[str(p[k]) if kind == "s" else _fmt(p[k], "ms" if kind == "ms" else "pct" if kind == "pct" else "num")
              for _, k, kind in cols] for p in points]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, (h, _, _) in enumerate(cols)]
-    _echo("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, ((h, _, _), w) in enumerate(zip(cols, widths))))
-    for r in rows:
-        _echo("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    _print_table([h for h, _, _ in cols], rows)
     known = {k: v for k, v in findings.items() if v is not None}
     if known:
         _echo("findings: " + ", ".join(f"{k}={_fmt(v)}" for k, v in known.items()))

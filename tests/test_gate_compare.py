@@ -369,3 +369,25 @@ def test_sweep_input_errors(kineto, tmp_path):
     assert r.exit_code == 2 and "one label per trace" in r.output
     r = run(sweep_command, ["--trace", one, "--trace", one, "--label", "ctx=1", "--label", "colour=2"])
     assert r.exit_code == 2 and "unknown key 'colour'" in r.output
+
+
+def test_compare_new_symptoms_are_the_candidates_own():
+    """New and resolved symptoms read each report's own verdicts, so their text is what
+    `diagnose run` printed ("decode is MoE-kernel-bound ...", never "n/a is ..."); with rule
+    options both reports are evaluated again with the same rules and labels: same text."""
+    from conftest import ROOT, shared_trace
+    from diagnose.compare import compare_reports
+    from diagnose.engine import load_ruleset
+    from diagnose.options import AnalysisOptions
+    from diagnose.pipeline import diagnose_trace
+
+    rs = load_ruleset()
+    a = diagnose_trace(str(ROOT / "samples" / "tiny_cpu.json.gz"), AnalysisOptions(), rs).report
+    b = diagnose_trace(str(shared_trace("tracelens/vllm_decode_full/graph_execution.json.gz")),
+                       AnalysisOptions(model_config="gpt-oss-20b", gpu="MI300X"), rs).report
+    own = [(s.summary, s.headline or None) for s in b.symptoms if s.id not in {x.id for x in a.symptoms}]
+    assert any(h and h.startswith("decode is MoE-kernel-bound") for _, h in own), own
+    for reevaluate in (False, True):
+        cmp = compare_reports(a, b, rs, reevaluate=reevaluate)
+        assert [(s["summary"], s.get("headline")) for s in cmp.new_symptoms] == own
+        assert [s["id"] for s in cmp.resolved_symptoms] == [s.id for s in a.symptoms if s.id not in {x.id for x in b.symptoms}]
