@@ -21,7 +21,7 @@ import click
 from diagnose.cli_options import analysis_options, rule_options, split_options
 from diagnose.cliutil import guarded
 from diagnose.engine import RuleSet, Verdicts, evaluate, load_rules, load_ruleset
-from diagnose.engine.docs import rules_markdown
+from diagnose.report.rules_doc import rules_markdown
 from diagnose.engine.fixtures import run_fixtures
 from diagnose.errors import DiagnoseError
 from diagnose.findings import load_metrics

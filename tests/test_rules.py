@@ -16,7 +16,7 @@ from diagnose.errors import DiagnoseError
 from diagnose.rules_cli import rules_group
 from diagnose.compare import compare_findings
 from diagnose.engine import RuleError, compile_condition, evaluate, load_rules, load_rules_config, parse_threshold_specs
-from diagnose.engine.docs import rules_markdown
+from diagnose.report.rules_doc import rules_markdown
 from diagnose.engine.fixtures import run_fixtures
 from diagnose.catalog import catalog, catalog_regex
 from diagnose.findings import findings_from_metrics, flatten

@@ -1,15 +1,17 @@
-"""The rules reference (``docs/rules.md``), generated from the rules and the findings catalog."""
+"""The rules reference (``docs/rules.md``), generated from the rules and the findings catalog
+(``diagnose rules doc``). A view of the rules: it reads the engine's rules and the catalog."""
 from __future__ import annotations
 
 from typing import Sequence
 
+from diagnose.catalog import catalog
 from diagnose.engine.rule import Rule
 from diagnose.vocab import CATEGORIES, FINDING_PHASES
 
 
 def rules_markdown(rules: Sequence[Rule]) -> str:
-    """The rules reference (``docs/rules.md``): index, condition language, findings, one
-    section per rule."""
+    """The rules reference (``docs/rules.md``): index, scopes and commands, condition language,
+    findings, one section per rule."""
     L: list[str] = []
     L.append("# Symptom rules reference")
     L.append("")
@@ -26,9 +28,20 @@ def rules_markdown(rules: Sequence[Rule]) -> str:
     for r in rules:
         L.append(f"| [`{r.id}`](#{r.id.lower()}) | {r.symptom} | {r.severity} | {r.scope} | {r.phase} | {r.title} |")
     L.append("")
+    _usage(L)
+    _conditions(L)
+    _findings(L)
+    L.append("## Rules")
+    for r in rules:
+        _rule(L, r)
+    L.append("")
+    return "\n".join(L)
+
+
+def _usage(L: list[str]) -> None:
     L.append("## Scopes")
     L.append("")
-    L.append("- **trace**: one trace (`diagnose run`, `diagnose gate`); findings from `findings_from_report`.")
+    L.append("- **trace**: one trace (`diagnose run`, `diagnose gate`); findings from `diagnose.findings.flatten`, shipped in the report as `findings`.")
     L.append("- **sweep**: several traces of one setup at different context / batch / GPU count / prompt length")
     L.append("  (`diagnose sweep --trace A --trace B ... [--label ctx=2048,bs=8 ...]`).")
     L.append("- **compare**: a baseline and a candidate trace (`diagnose compare --baseline A --candidate B`).")
@@ -55,6 +68,9 @@ def rules_markdown(rules: Sequence[Rule]) -> str:
     L.append("  markers and the GPU count is the number of devices with activity. Exits 0 unless `--fail-on` is given.")
     L.append("- `diagnose rules list | test | doc`.")
     L.append("")
+
+
+def _conditions(L: list[str]) -> None:
     L.append("## Condition language")
     L.append("")
     L.append("A condition is a Python-syntax expression checked by an allowlist when the rule loads (never")
@@ -83,6 +99,9 @@ def rules_markdown(rules: Sequence[Rule]) -> str:
     L.append("")
     L.append("`--threshold` wins over the config file. An unknown rule or threshold name is an error (exit 2).")
     L.append("")
+
+
+def _findings(L: list[str]) -> None:
     L.append("## Findings")
     L.append("")
     L.append("Numbers only (flags are 0/1); `None` when unknown. `<phase>` is one of " + ", ".join(FINDING_PHASES) + " (`main`: the step phase with the most own time, `all` without steps);")
@@ -91,49 +110,46 @@ def rules_markdown(rules: Sequence[Rule]) -> str:
     L.append("")
     L.append("| finding | unit | meaning |")
     L.append("|---|---|---|")
-    from diagnose.catalog import catalog
-
     for f in catalog():
         L.append(f"| `{f.name}` | {f.unit} | {f.description} |")
     L.append("")
-    L.append("## Rules")
-    for r in rules:
-        L.append("")
-        L.append(f"### {r.id}")
-        L.append("")
-        L.append(f"**{r.title}** — symptom {r.symptom}, severity **{r.severity}**, scope {r.scope}, phase {r.phase}.")
-        L.append("")
-        L.append("**What it detects.** Fires when:")
-        L.append("")
-        L.append("```")
-        L.append(r.condition)
-        L.append("```")
-        L.append("")
-        L.append("Requires: " + ", ".join(f"`{x}`" for x in r.requires) + ".")
-        if r.evidence:
-            L.append("Also shown as evidence: " + ", ".join(f"`{x}`" for x in r.evidence) + ".")
-        if r.min_samples:
-            L.append("Minimum samples: " + ", ".join(f"`{k}` >= {v}" for k, v in r.min_samples.items()) + ".")
-        L.append(f"Summary: \"{r.summary}\"")
-        L.append("")
-        if r.thresholds:
-            L.append("| threshold | value | unit | rationale |")
-            L.append("|---|---|---|---|")
-            for k, t in r.thresholds.items():
-                L.append(f"| `{k}` | {t.value} | {t.unit} | {t.rationale} |")
-            L.append("")
-        if r.why:
-            L.append(f"**Why it matters.** {r.why}")
-            L.append("")
-        L.append(f"**Likely cause.** {r.likely_cause}")
-        L.append("")
-        L.append(f"**How to verify.** {r.how_to_verify}")
-        L.append("")
-        L.append(f"**Fix.** {r.fix}")
-        L.append("")
-        L.append("**References.**")
-        L.append("")
-        for ref in r.references:
-            L.append(f"- {ref}")
+
+
+def _rule(L: list[str], r: Rule) -> None:
     L.append("")
-    return "\n".join(L)
+    L.append(f"### {r.id}")
+    L.append("")
+    L.append(f"**{r.title}** — symptom {r.symptom}, severity **{r.severity}**, scope {r.scope}, phase {r.phase}.")
+    L.append("")
+    L.append("**What it detects.** Fires when:")
+    L.append("")
+    L.append("```")
+    L.append(r.condition)
+    L.append("```")
+    L.append("")
+    L.append("Requires: " + ", ".join(f"`{x}`" for x in r.requires) + ".")
+    if r.evidence:
+        L.append("Also shown as evidence: " + ", ".join(f"`{x}`" for x in r.evidence) + ".")
+    if r.min_samples:
+        L.append("Minimum samples: " + ", ".join(f"`{k}` >= {v}" for k, v in r.min_samples.items()) + ".")
+    L.append(f"Summary: \"{r.summary}\"")
+    L.append("")
+    if r.thresholds:
+        L.append("| threshold | value | unit | rationale |")
+        L.append("|---|---|---|---|")
+        for k, t in r.thresholds.items():
+            L.append(f"| `{k}` | {t.value} | {t.unit} | {t.rationale} |")
+        L.append("")
+    if r.why:
+        L.append(f"**Why it matters.** {r.why}")
+        L.append("")
+    L.append(f"**Likely cause.** {r.likely_cause}")
+    L.append("")
+    L.append(f"**How to verify.** {r.how_to_verify}")
+    L.append("")
+    L.append(f"**Fix.** {r.fix}")
+    L.append("")
+    L.append("**References.**")
+    L.append("")
+    for ref in r.references:
+        L.append(f"- {ref}")
