@@ -23,7 +23,8 @@ from conftest import shared_trace
 
 from diagnose import accounting
 from diagnose.analyzers import analyze
-from diagnose.analyzers.kernels import GATE_UP_SHARE, _moe_kernel_bytes, kernel_table
+from diagnose.analyzers.kernels import kernel_table
+from diagnose.analyzers.moebytes import GATE_UP_SHARE, moe_kernel_bytes
 from diagnose.analyzers.opcost import (
     CONCRETE_OPS,
     MOE_NO_CONFIG_NOTE,
@@ -352,7 +353,7 @@ def test_moe_split_rules():
     k_model = np.full(len(inst), None, dtype=object)
     k_note = np.full(len(inst), None, dtype=object)
     k_layer = np.full(len(inst), np.nan)
-    _moe_kernel_bytes(np.arange(len(inst)), inst, start, dur, frac, kname, names, np.zeros(len(inst), np.int64), moe,
+    moe_kernel_bytes(np.arange(len(inst)), inst, start, dur, frac, kname, names, np.zeros(len(inst), np.int64), moe,
                       bk, k_model, k_note, k_layer)
     assert GATE_UP_SHARE == 2 / 3
     expected = [900, np.nan, 600, 300, 300, 150, 300, 150, 150, 300, 450, 225, 675]
@@ -362,6 +363,6 @@ def test_moe_split_rules():
     assert "no kernel of the call recognised" in k_note[11]
     # without a model config nothing is written
     bk2 = np.full(len(inst), np.nan)
-    _moe_kernel_bytes(np.arange(len(inst)), inst, start, dur, frac, kname, names, np.zeros(len(inst), np.int64), None,
+    moe_kernel_bytes(np.arange(len(inst)), inst, start, dur, frac, kname, names, np.zeros(len(inst), np.int64), None,
                       bk2, k_model.copy(), k_note.copy(), k_layer.copy())
     assert np.isnan(bk2).all()

@@ -27,7 +27,7 @@ TFLOP/s, and the rows' FLOPs add up to the ops' FLOPs (no double count). Attenti
 shapes. With a MoE model config each call (one layer) gets the routed-expert bytes the layer
 reads at its step's tokens, from the accounting of the step's MBU
 (:func:`diagnose.analyzers.attainment.moe_layer_bytes`), and its expert GEMM kernels share
-them by weight shape (gate_up 2/3, down 1/3; :func:`_moe_kernel_bytes`), so each expert
+them by weight shape (gate_up 2/3, down 1/3; :func:`moe_kernel_bytes`), so each expert
 kernel row has an achieved TB/s.
 
 **CUDA/HIP graph replays** carry no operator: their kernels are mapped back through the
@@ -58,6 +58,23 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from diagnose.analyzers.graphmap import (
+    ORIGIN_CAPTURE,
+    ORIGIN_CAPTURE_NODIMS,
+    ORIGIN_GRAPH_NO_CAPTURE,
+    ORIGIN_GRAPH_UNMATCHED,
+    N_ORIGINS,
+    ORIGIN_NO_OP,
+    ORIGIN_NO_OPS,
+    ORIGIN_NSYS,
+    ORIGIN_SOURCE,
+    ORIGIN_TRACE,
+    ORIGIN_TRACE_NODIMS,
+    OpSources,
+    map_graph,
+    step_padded_sizes,
+)
+from diagnose.analyzers.moebytes import moe_kernel_bytes
 from diagnose.analyzers.opcost import (
     ATTENTION_OPS,
     CONCRETE_OPS,
@@ -74,6 +91,27 @@ from diagnose.trace.model import QualityIssue, Trace, factorize
 
 _dec = msgspec.json.Decoder()
 
+#: The kernel table's columns:
+#:
+#: - device (int), phase (str), op (str | None: the launching cpu_op),
+#:   input_dims / input_types (str | None: its raw ``Input Dims`` / ``Input type`` JSON),
+#:   kernel (str: full kernel name), category (str | None: kernel category),
+#: - calls (int: kernel launches), total_ms (float: summed kernel time, ms),
+#:   mean_us (float: per call, µs), kernel_time_share (float: of the kernel time of this
+#:   phase on this device, [0, 1]),
+#: - flops, bytes (float: FLOP and bytes of the rows' calls, apportioned by kernel time
+#:   within multi-kernel op calls; NaN = unknown), flops_per_call, bytes_per_call,
+#: - achieved_tflops (flops / kernel time, 1e12 FLOP/s), achieved_tbps (bytes / kernel
+#:   time, 1e12 B/s), peak_tflops_share (/ ``peak.dense_fp16_tflops``),
+#:   peak_tbps_share (/ ``peak.memory_bandwidth_tbps``),
+#:   arithmetic_intensity_flop_per_byte (flops / bytes), bound ("compute" when the
+#:   intensity is at or above the ridge point peak FLOP/s / peak B/s, "memory" below,
+#:   None when unknown),
+#: - cost_model ("gemm" | "attention" | "elementwise" | "norm" | "operands" | "moe" |
+#:   None) and cost_note (the convention used, or why FLOPs are missing; "moe": expected
+#:   routed-expert bytes, no FLOPs), op_source ("trace" | "capture" |
+#:   None), shapes_unknown (None, or why the row has no shapes).
+#:
 COLUMNS = ("device", "phase", "op", "input_dims", "input_types", "kernel", "category", "calls", "total_ms",
            "mean_us", "kernel_time_share", "flops", "bytes", "flops_per_call", "bytes_per_call",
            "achieved_tflops", "achieved_tbps", "peak_tflops_share", "peak_tbps_share",
@@ -82,20 +120,16 @@ COLUMNS = ("device", "phase", "op", "input_dims", "input_types", "kernel", "cate
 _TEXT_COLUMNS = ("phase", "op", "input_dims", "input_types", "kernel", "category", "bound", "cost_model", "cost_note",
                  "op_source", "shapes_unknown")
 
-# Origin codes of a kernel's operator (part of the row key).
-_TRACE, _CAPTURE, _TRACE_NODIMS, _CAPTURE_NODIMS, _NO_OP, _GRAPH_NO_CAPTURE, _GRAPH_UNMATCHED, _NSYS, _NO_OPS = range(9)
-_N_ORIGINS = 9
-_ORIGIN_SOURCE = {_TRACE: "trace", _CAPTURE: "capture", _TRACE_NODIMS: "trace", _CAPTURE_NODIMS: "capture"}
 SHAPES_UNKNOWN = {
-    _TRACE_NODIMS: "operator recorded without shapes (profile with record_shapes=True)",
-    _CAPTURE_NODIMS: "operator in the capture trace recorded without shapes (record_shapes=True)",
-    _NO_OP: "no operator with this kernel's external id (launched outside a recorded operator, "
+    ORIGIN_TRACE_NODIMS: "operator recorded without shapes (profile with record_shapes=True)",
+    ORIGIN_CAPTURE_NODIMS: "operator in the capture trace recorded without shapes (record_shapes=True)",
+    ORIGIN_NO_OP: "no operator with this kernel's external id (launched outside a recorded operator, "
             "e.g. a Triton kernel called from Python, or before the profiling window)",
-    _GRAPH_NO_CAPTURE: "replayed from a CUDA/HIP graph: no operator launches it in this trace "
+    ORIGIN_GRAPH_NO_CAPTURE: "replayed from a CUDA/HIP graph: no operator launches it in this trace "
                        "(give the graph's capture trace)",
-    _GRAPH_UNMATCHED: "replayed from a CUDA/HIP graph: no window of the capture trace matches this graph launch's activities",
-    _NSYS: "Nsight Systems trace: no operator shapes (time per kernel only)",
-    _NO_OPS: "the trace holds no operator (cpu_op) events: time per kernel only",
+    ORIGIN_GRAPH_UNMATCHED: "replayed from a CUDA/HIP graph: no window of the capture trace matches this graph launch's activities",
+    ORIGIN_NSYS: "Nsight Systems trace: no operator shapes (time per kernel only)",
+    ORIGIN_NO_OPS: "the trace holds no operator (cpu_op) events: time per kernel only",
 }
 
 
@@ -200,252 +234,6 @@ def _pick_ops(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return ext, rows
 
 
-def _step_bs(steps: pd.DataFrame | None) -> np.ndarray | None:
-    """Per step, the padded size a graph is captured for (vLLM: the step's tokens, TraceLens
-    ``find_execution_details``), else its batch; -1 when unknown."""
-    if steps is None or len(steps) == 0:
-        return None
-    col = steps["tokens"] if "tokens" in steps else steps.get("batch")
-    if col is None:
-        return None
-    v = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64)
-    if "batch" in steps:
-        b = pd.to_numeric(steps["batch"], errors="coerce").to_numpy(dtype=np.float64)
-        v = np.where(np.isnan(v), b, v)
-    return np.where(np.isnan(v), -1, v).astype(np.int64)
-
-
-class _Sources:
-    """Operator descriptions referenced by kernels: name and raw dims/types/concrete JSON, as
-    parallel object arrays appended in parts."""
-
-    def __init__(self) -> None:
-        self.parts: list[tuple[np.ndarray, ...]] = []
-        self.n = 0
-
-    def extend(self, name, dims, types, conc) -> int:
-        """Append parallel sequences; returns the index of the first appended entry."""
-        off = self.n
-        self.parts.append(tuple(np.asarray(list(x) if isinstance(x, tuple) else x, dtype=object) for x in (name, dims, types, conc)))
-        self.n += len(name)
-        return off
-
-    def columns(self) -> list[np.ndarray]:
-        """[name, dims, types, concrete] object arrays over all entries."""
-        if not self.parts:
-            return [np.empty(0, dtype=object)] * 4
-        return [np.concatenate([p[i] for p in self.parts]) for i in range(4)]
-
-
-def _map_graph(g: pd.DataFrame, name_codes: np.ndarray, names: np.ndarray, captures: Sequence[CaptureMapping],
-               step_bs: np.ndarray | None, src: np.ndarray, inst: np.ndarray, origin: np.ndarray,
-               sources: _Sources, stats: dict) -> None:
-    """Fill ``src``/``inst``/``origin`` (per activity of ``g``, in place) for graph-replayed
-    activities that a capture window explains.
-
-    A replay (one graph launch: the activities sharing its correlation id, in start order) and
-    a window match when they have the same length and the same kernel names in order, or the
-    same multiset of names (then the i-th replayed kernel of a name is the i-th captured
-    launch of that name: TraceLens' group-by-name alignment for graphs whose nodes the
-    scheduler reordered, e.g. across streams). Windows without kernel names (CUDA runtime
-    events carry none) match on kinds and count only (``graph_launches_matched_by_count_only``).
-    A capture whose batch size is known and smaller than the step's padded size (``step_bs``)
-    is never used; among the rest the smallest batch size wins (TraceLens
-    ``find_closest_batch_size``), and launches with equal layouts take equal windows in turn.
-    Launches are grouped by a hash of their layout, so Python work is per distinct layout.
-    """
-    is_graph = (g["launch_kind"].to_numpy(dtype=object) == "graph_launch") & (src < 0)
-    idx = np.nonzero(is_graph)[0]
-    if len(idx) == 0:
-        return
-    corr = g["correlation"].to_numpy(dtype=np.int64)[idx]
-    start = g["start_ns"].to_numpy(dtype=np.int64)[idx]
-    order = np.lexsort((start, corr))
-    idx, corr = idx[order], corr[order]
-    kind = g["kind"].to_numpy(dtype=object)[idx]
-    # one code per activity: kernel name code, memcpy -> -2, memset -> -3 (capture has no memcpy names)
-    code = np.where(kind == "memcpy", -2, np.where(kind == "memset", -3, name_codes[idx])).astype(np.int64)
-    kcode = np.where(kind == "memcpy", -2, np.where(kind == "memset", -3, -1)).astype(np.int64)
-    bounds = np.flatnonzero(np.r_[True, corr[1:] != corr[:-1], True])
-    starts, lens = bounds[:-1], np.diff(bounds)
-    n_launch = len(starts)
-    stats["graph_launches"] = n_launch
-    # layout hash per launch (vectorised): sum of code * random weight of the position
-    rng = np.random.default_rng(12345)
-    w = rng.integers(1, 2**62, size=int(lens.max()), dtype=np.int64).astype(np.uint64)
-    pos = np.arange(len(idx)) - np.repeat(starts, lens)
-    with np.errstate(over="ignore"):
-        h = np.add.reduceat((code.astype(np.uint64) + np.uint64(7)) * w[pos], starts)
-        hk = np.add.reduceat((kcode.astype(np.uint64) + np.uint64(7)) * w[pos], starts)
-    lbs = np.full(n_launch, -1, dtype=np.int64)
-    if step_bs is not None and "step" in g:
-        st = g["step"].to_numpy(dtype=np.int64)[idx[starts]]
-        ok = (st >= 0) & (st < len(step_bs))
-        lbs[ok] = step_bs[st[ok]]
-    # capture windows: codes in the replay trace's name space
-    name_ix = {n: i for i, n in enumerate(names)}
-    wins = []  # (capture, window, name codes, kind codes, has_names)
-    for cap in captures:
-        for win in cap.windows:
-            kc = np.array([-2 if k == "memcpy" else -3 if k == "memset" else -1 for k in win.kinds], dtype=np.int64)
-            has_names = all(k is not None for kk, k in zip(win.kinds, win.kernels) if kk == "kernel")
-            cc = np.array([kc[i] if kc[i] != -1 else (name_ix.get(win.kernels[i], -4) if has_names else -1)
-                           for i in range(len(win.kinds))], dtype=np.int64)
-            wins.append((cap, win, cc, kc, has_names))
-    by_len: dict[int, list[int]] = {}
-    for wi, (_, win, _, _, _) in enumerate(wins):
-        by_len.setdefault(len(win.kinds), []).append(wi)
-    src_off: dict[int, int] = {}
-    groups = pd.DataFrame({"h": h.view(np.int64), "hk": hk.view(np.int64), "n": lens, "bs": lbs}).groupby(
-        ["h", "hk", "n", "bs"], sort=False).indices
-    mapped = 0
-    inst_next = int(inst.max()) + 1 if len(inst) else 0
-    unverified = 0
-    for (_, _, n, bs), launches_ix in groups.items():
-        launches_ix = np.sort(launches_ix)
-        s0 = starts[launches_ix[0]]
-        seq = code[s0:s0 + n]
-        kseq = kcode[s0:s0 + n]
-        cands = []  # (batch_size, window index, perm graph pos -> window pos, verified)
-        for wi in by_len.get(int(n), []):
-            cap, win, cc, kc, has_names = wins[wi]
-            if bs >= 0 and cap.batch_size is not None and cap.batch_size < bs:
-                continue
-            if has_names:
-                if np.array_equal(cc, seq):
-                    perm = np.arange(n)
-                elif np.array_equal(np.sort(cc), np.sort(seq)):  # scheduler reordered: per name, in order
-                    perm = np.empty(n, dtype=np.int64)
-                    perm[np.argsort(seq, kind="stable")] = np.argsort(cc, kind="stable")
-                else:
-                    continue
-                cands.append((cap.batch_size if cap.batch_size is not None else 1 << 40, wi, perm, True))
-            elif np.array_equal(kc, kseq):
-                cands.append((cap.batch_size if cap.batch_size is not None else 1 << 40, wi, np.arange(n), False))
-        if not cands:
-            continue
-        best = min(c[0] for c in cands)
-        cands = [c for c in cands if c[0] == best]
-        # the group's launches take the equal windows in turn (PIECEWISE: identical pieces)
-        for j, (_, wi, perm, verified) in enumerate(cands):
-            ls = launches_ix[j::len(cands)]
-            if len(ls) == 0:
-                continue
-            win = wins[wi][1]
-            if wi not in src_off:
-                src_off[wi] = sources.extend(win.op_names, win.op_dims, win.op_types, win.op_concrete)
-            pos_act = idx[starts[ls][:, None] + np.arange(n)]          # (launches, n)
-            has_op = np.array([x is not None for x in win.op_names], dtype=bool)[perm]
-            has_dims = np.array([x is not None for x in win.op_dims], dtype=bool)[perm]
-            n_call = len(win.op_call)
-            src[pos_act] = np.where(has_op, src_off[wi] + perm, -1)
-            inst[pos_act] = inst_next + np.arange(len(ls))[:, None] * n_call + np.asarray(win.op_call, dtype=np.int64)[perm]
-            inst_next += len(ls) * n_call
-            origin[pos_act] = np.where(has_op & has_dims, _CAPTURE, np.where(has_op, _CAPTURE_NODIMS, _NO_OP))
-            mapped += len(ls)
-            unverified += 0 if verified else len(ls)
-    stats["graph_launches_matched"] = mapped
-    if unverified:
-        stats["graph_launches_matched_by_count_only"] = unverified
-
-
-# ----------------------------------------------------------------------------- MoE expert bytes
-
-EXPERT_GEMM_KERNEL = re.compile(
-    r"matmul_ogs|fused_moe_kernel|moe_gemm|moe_stage|ck_moe|fmoe|moe_mlp|moe_wna16|marlin_moe|moeflatmm"
-    r"|grouped_gemm|groupedgemm|group_gemm|expert", re.IGNORECASE)
-"""Kernel names of MoE expert GEMMs (vLLM triton_kernels ``_matmul_ogs_*``, vLLM/SGLang
-Triton ``fused_moe_kernel``, aiter CK ``ck_moe_stage1/2`` and asm ``fmoe_*``, Marlin MoE,
-grouped GEMMs). Routing, sorting, padding and the finalize/scatter kernels do not match."""
-_NOT_EXPERT_GEMM = re.compile(r"finalize|scatter|gather|topk|sort|align|routing|bitmatrix|histogram|memset|count", re.IGNORECASE)
-
-GATE_UP_SHARE = 2 / 3
-"""Share of a routed expert's weights in its gate and up projections: the accounting's expert
-(:attr:`diagnose.accounting.ModelSpec.params_expert`) is gate ``F_e x H`` + up ``F_e x H`` +
-down ``H x F_e``, so gate_up holds ``2 F_e H / 3 F_e H`` = 2/3 and down 1/3."""
-
-
-def _moe_kernel_bytes(ix: np.ndarray, kinst: np.ndarray, kstart: np.ndarray, dur: np.ndarray, frac: np.ndarray,
-                      kname: np.ndarray, names: np.ndarray, kstep: np.ndarray, moe: MoeLayerBytes | None,
-                      bk: np.ndarray, k_model: np.ndarray, k_note: np.ndarray, k_layer: np.ndarray) -> None:
-    """Expected bytes of the kernels ``ix`` (positions among the table's kernels) launched by
-    MoE op calls (:func:`~diagnose.analyzers.opcost.is_moe_op`), written into ``bk`` (bytes),
-    ``k_model``/``k_note`` (cost model and note) and ``k_layer`` (the layer's expert bytes).
-
-    One op call is one MoE layer: it reads ``moe.per_layer[step]`` bytes of routed experts
-    (the step's expert bytes of :func:`diagnose.accounting.step_cost` over its MoE layers).
-    Among the call's kernels, the expert GEMMs (:data:`EXPERT_GEMM_KERNEL`), in start order:
-    one kernel takes all of it (fused gate_up and down); two take :data:`GATE_UP_SHARE` (the
-    first: gate_up, which always runs first) and the rest (down); 2n (chunked calls)
-    alternate gate_up and down, each with 1/n of its share; another odd count splits by
-    kernel time. The call's other kernels (routing, finalize/scatter) get no bytes. A call
-    with no kernel recognised as an expert GEMM splits the bytes over all its kernels by
-    kernel time (``frac``). Without ``moe`` (no model config) nothing is written.
-    """
-    if moe is None:
-        return
-    call = kinst[ix].copy()
-    alone = call < 0  # no op call id: each kernel is its own call
-    call[alone] = -1 - np.arange(int(alone.sum()))
-    order = np.lexsort((kstart[ix], call))
-    ix, call = ix[order], call[order]
-    n_names = len(names)
-    is_exp_name = np.array([bool(EXPERT_GEMM_KERNEL.search(n)) and not _NOT_EXPERT_GEMM.search(n)
-                            if isinstance(n, str) else False for n in names], dtype=bool) if n_names else np.zeros(0, bool)
-    ex = is_exp_name[kname[ix]]
-    c, _ = pd.factorize(call, sort=False)  # contiguous: sorted by call
-    n_calls = int(c.max()) + 1
-    n_ex = np.bincount(c, weights=ex, minlength=n_calls).astype(np.int64)[c]
-    cum = np.cumsum(ex)
-    start_of_call = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
-    before = (cum - ex)[start_of_call]  # expert kernels before each call
-    pos = cum - 1 - before[c]  # position among the call's expert kernels
-    ex_ns = np.bincount(c, weights=np.where(ex, dur[ix], 0.0), minlength=n_calls)[c]
-    share = np.full(len(ix), np.nan)
-    role = np.full(len(ix), None, dtype=object)
-    one = ex & (n_ex == 1)
-    share[one], role[one] = 1.0, "the call's one expert GEMM kernel: all of the layer's expert bytes"
-    pair = ex & (n_ex >= 2) & (n_ex % 2 == 0)
-    half = np.maximum(n_ex // 2, 1)
-    gate = pair & (pos % 2 == 0)
-    down = pair & (pos % 2 == 1)
-    share[gate] = GATE_UP_SHARE / half[gate]
-    share[down] = (1 - GATE_UP_SHARE) / half[down]
-    role[gate] = "gate_up kernel (first of the call's expert GEMM pair): 2/3 of the layer's expert bytes, by weight shape (gate + up 2*F_e*H of 3*F_e*H)"
-    role[down] = "down kernel (second of the call's expert GEMM pair): 1/3 of the layer's expert bytes, by weight shape (down F_e*H of 3*F_e*H)"
-    odd = ex & (n_ex >= 3) & (n_ex % 2 == 1)
-    share[odd] = np.where(ex_ns[odd] > 0, dur[ix][odd] / np.where(ex_ns[odd] > 0, ex_ns[odd], 1), 1.0 / n_ex[odd])
-    role[odd] = "split over the call's expert GEMM kernels by kernel time (their gate_up/down roles are not known)"
-    none = n_ex == 0
-    share[none] = frac[ix][none]
-    role[none] = "no kernel of the call recognised as an expert GEMM: split over its kernels by kernel time"
-    st = kstep[ix]
-    ok = (st >= 0) & (st < len(moe.per_layer))
-    layer = np.full(len(ix), np.nan)
-    layer[ok] = moe.per_layer[st[ok]]
-    costed = ~np.isnan(share)
-    bk[ix[costed]] = layer[costed] * share[costed]
-    k_layer[ix[costed]] = layer[costed]
-    other = ~costed
-    k_note[ix[other]] = "MoE routing/combine kernel: the layer's expert bytes are on the call's expert GEMM kernels; no cost model here"
-    unknown = costed & np.isnan(layer)
-    k_note[ix[unknown]] = "MoE: the step's tokens are unknown (no step marker with a batch), so the experts touched are not estimated"
-    known = np.flatnonzero(costed & ~np.isnan(layer))
-    k_model[ix[known]] = "moe"
-    # one note per distinct (step, role): a Python loop over those, never over kernels
-    role_c, role_u = pd.factorize(role[known], sort=False)
-    key_c, key_u = pd.factorize(st[known] * len(role_u) + role_c, sort=False)
-    notes = []
-    for kv in key_u:
-        s_, r_ = divmod(int(kv), len(role_u))
-        t = moe.tokens[s_]
-        tokens = "the step's tokens" if math.isnan(t) else f"T = {int(t)} tokens"
-        notes.append(
-            f"expected routed-expert bytes from the model config (the step MBU's accounting): "
-            f"{moe.touched[s_]:.2f} of {moe.num_experts} experts touched per layer by {tokens} "
-            f"(E*(1-(1-k/E)^T), k = {moe.top_k}; uniform routing, an upper estimate) x {moe.expert_bytes / 1e6:.2f} MB "
-            f"per expert = {moe.per_layer[s_] / 1e6:.1f} MB per layer; {role_u[r_]}")
-    k_note[ix[known]] = np.asarray(notes, dtype=object)[key_c]
 
 
 def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | None = None,
@@ -471,29 +259,11 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
         moe: per step, the routed-expert bytes one MoE layer reads
             (:func:`diagnose.analyzers.attainment.moe_layer_bytes`, from the model config;
             indexed like ``steps``): kernels of MoE op calls get expected bytes
-            (:func:`_moe_kernel_bytes`; cost_model "moe"). None: MoE rows have no bytes.
+            (:func:`moe_kernel_bytes`; cost_model "moe"). None: MoE rows have no bytes.
 
     Returns:
-        DataFrame, one row per (device, phase, op, input_dims, input_types, kernel, origin):
-
-        - device (int), phase (str), op (str | None: the launching cpu_op),
-          input_dims / input_types (str | None: its raw ``Input Dims`` / ``Input type`` JSON),
-          kernel (str: full kernel name), category (str | None: kernel category),
-        - calls (int: kernel launches), total_ms (float: summed kernel time, ms),
-          mean_us (float: per call, µs), kernel_time_share (float: of the kernel time of this
-          phase on this device, [0, 1]),
-        - flops, bytes (float: FLOP and bytes of the rows' calls, apportioned by kernel time
-          within multi-kernel op calls; NaN = unknown), flops_per_call, bytes_per_call,
-        - achieved_tflops (flops / kernel time, 1e12 FLOP/s), achieved_tbps (bytes / kernel
-          time, 1e12 B/s), peak_tflops_share (/ ``peak.dense_fp16_tflops``),
-          peak_tbps_share (/ ``peak.memory_bandwidth_tbps``),
-          arithmetic_intensity_flop_per_byte (flops / bytes), bound ("compute" when the
-          intensity is at or above the ridge point peak FLOP/s / peak B/s, "memory" below,
-          None when unknown),
-        - cost_model ("gemm" | "attention" | "elementwise" | "norm" | "operands" | "moe" |
-          None) and cost_note (the convention used, or why FLOPs are missing; "moe": expected
-          routed-expert bytes, no FLOPs), op_source ("trace" | "capture" |
-          None), shapes_unknown (None, or why the row has no shapes).
+        DataFrame, one row per (device, phase, op, input_dims, input_types, kernel, origin),
+        with the :data:`COLUMNS` (described there).
 
         Missing numbers are NaN (floats) or None (objects); :func:`kernel_records` turns NaN
         into None. ``df.attrs`` holds ``{"capture": {...} | None, "source_format": ...}``.
@@ -501,16 +271,168 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
     Raises:
         KeyError: ``activities`` lacks one of the columns above.
     """
-    if activities is None or len(activities) == 0:
-        out = _empty()
-        out.attrs = {"capture": None, "source_format": trace.source_format}
-        return out
-    is_k = (activities["kind"] == "kernel").to_numpy()
+    is_k = (activities["kind"] == "kernel").to_numpy() if activities is not None else np.zeros(0, bool)
     if not is_k.any():
         out = _empty()
         out.attrs = {"capture": None, "source_format": trace.source_format}
         return out
     g = activities
+    links = _link_ops(trace, g, capture, steps)
+    name_codes, src, origin, sources, cap_stats = links.name_codes, links.src, links.origin, links.sources, links.cap_stats
+    n_all = len(g)
+    # ---- kernels only from here
+    k = np.nonzero(is_k)[0]
+    dur = (g["end_ns"].to_numpy(dtype=np.int64)[k] - g["start_ns"].to_numpy(dtype=np.int64)[k]).astype(np.float64)
+    ksrc, korigin = src[k], origin[k]
+    dev_c, dev_u = _codes(g["device"].iloc[k] if len(k) < n_all else g["device"])
+    ph_col = g["phase"] if "phase" in g else pd.Series(["unknown"] * n_all, index=g.index, dtype=object)
+    ph_c, ph_u = _codes(ph_col.iloc[k] if len(k) < n_all else ph_col)
+    kname = name_codes[k]
+    n_src, cols, opkey_of_src, n_opkey, rep_src = _op_keys(sources)
+    kop = np.where(ksrc >= 0, opkey_of_src[np.maximum(ksrc, 0)] if n_src else -1, -1)
+    # row key: device, phase, op key, kernel name, origin
+    n_names = int(name_codes.max()) + 1 if len(name_codes) else 1
+    gid = _combine([dev_c, ph_c, kop + 1, kname, korigin], [len(dev_u), len(ph_u), n_opkey + 1, n_names, N_ORIGINS])
+    n_rows = int(gid.max()) + 1
+    calls = np.bincount(gid, minlength=n_rows)
+    total_ns = np.bincount(gid, weights=dur, minlength=n_rows)
+    first = _first_index(gid, n_rows)
+    # phase kernel time per (device, phase)
+    dp_c = _combine([dev_c, ph_c], [len(dev_u), len(ph_u)])
+    phase_ns = np.bincount(dp_c, weights=dur)[dp_c]
+    ck_c, cost_flops, cost_bytes, cost_model, cost_note = _kernel_costs(trace, g, k, steps, kop, n_opkey, cols, rep_src)
+    fk, bk, k_model, k_note, k_layer, names = _apportion(g, k, links, dur, kname, kop, n_opkey, cols, rep_src,
+                                                         cost_flops[ck_c], cost_bytes[ck_c], moe)
+    row_flops, row_bytes = _row_sum(gid, fk, n_rows), _row_sum(gid, bk, n_rows)
+    # row attributes from the first kernel of each row
+    fk_i = first
+    r_src = ksrc[fk_i]
+    r_orig = korigin[fk_i]
+    if names is None:
+        names = _names_of(g, name_codes)
+    kernel_names = names[kname[fk_i]]
+    cat = g["category"].take(k[fk_i]).to_numpy(dtype=object) if "category" in g else np.full(n_rows, None, dtype=object)
+    op_name, op_dims, op_types = (_row_op_column(r_src, n_src, codes, uniques) for codes, uniques in cols[:3])
+    tflops, tbps, ai, share = _rates(row_flops, row_bytes, total_ns, phase_ns[fk_i])
+    pk_f = peak.dense_fp16_tflops if peak is not None else None
+    pk_b = peak.memory_bandwidth_tbps if peak is not None else None
+    ridge = peak.ridge_flop_per_byte if peak is not None else None
+    r_model, r_note = _row_models(cost_model[ck_c[fk_i]], cost_note[ck_c[fk_i]].copy(), k_model, k_note, k_layer, fk_i, gid)
+    if pk_f or pk_b:
+        _drop_over_peak(r_model, r_note, tflops, tbps, ai, row_flops, row_bytes, pk_f, pk_b)
+    bound = np.full(n_rows, None, dtype=object)
+    if ridge:
+        known = ~np.isnan(ai)
+        bound[known] = np.where(ai[known] >= ridge, "compute", "memory")
+    data = {
+        "device": dev_u[dev_c[fk_i]].astype(np.int64),
+        "phase": ph_u[ph_c[fk_i]],
+        "op": op_name,
+        "input_dims": op_dims,
+        "input_types": op_types,
+        "kernel": kernel_names,
+        "category": cat,
+        "calls": calls.astype(np.int64),
+        "total_ms": total_ns / 1e6,
+        "mean_us": total_ns / calls / 1e3,
+        "kernel_time_share": share,
+        "flops": row_flops,
+        "bytes": row_bytes,
+        "flops_per_call": row_flops / calls,
+        "bytes_per_call": row_bytes / calls,
+        "achieved_tflops": tflops,
+        "achieved_tbps": tbps,
+        "peak_tflops_share": tflops / pk_f if pk_f else np.full(n_rows, np.nan),
+        "peak_tbps_share": tbps / pk_b if pk_b else np.full(n_rows, np.nan),
+        "arithmetic_intensity_flop_per_byte": ai,
+        "bound": bound,
+        "cost_model": r_model,
+        "cost_note": r_note,
+        "op_source": np.array([ORIGIN_SOURCE.get(int(o)) for o in r_orig], dtype=object),
+        "shapes_unknown": np.array([SHAPES_UNKNOWN.get(int(o)) for o in r_orig], dtype=object),
+    }
+    return _frame(data, korigin, cap_stats, trace.source_format)
+
+
+def _row_sum(gid: np.ndarray, per_kernel: np.ndarray, n_rows: int) -> np.ndarray:
+    """Per row, the sum of its kernels' values; NaN when any of them is unknown."""
+    out = np.bincount(gid, weights=np.nan_to_num(per_kernel), minlength=n_rows)
+    out[np.bincount(gid, weights=np.isnan(per_kernel), minlength=n_rows) > 0] = np.nan
+    return out
+
+
+def _row_op_column(r_src: np.ndarray, n_src: int, codes: np.ndarray, uniques: list) -> np.ndarray:
+    """One operator column (name, dims or types) per row from its first kernel's source; None
+    where the row has no operator."""
+    return np.where(r_src >= 0, np.asarray(uniques, dtype=object)[codes[np.maximum(r_src, 0)]] if n_src else None, None)
+
+
+def _rates(row_flops: np.ndarray, row_bytes: np.ndarray, total_ns: np.ndarray, phase_ns: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(achieved TFLOP/s, TB/s, arithmetic intensity FLOP/B, share of the phase's kernel time)
+    per row; NaN where the time is zero or the ratio undefined."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tflops = row_flops / total_ns / 1e3  # FLOP/ns = 1e9 FLOP/s
+        tbps = row_bytes / total_ns / 1e3
+        ai = row_flops / row_bytes
+        share = total_ns / phase_ns
+    tflops[total_ns <= 0] = np.nan
+    tbps[total_ns <= 0] = np.nan
+    ai[~np.isfinite(ai)] = np.nan
+    return tflops, tbps, ai, share
+
+
+def _row_models(r_model: np.ndarray, r_note: np.ndarray, k_model: np.ndarray, k_note: np.ndarray, k_layer: np.ndarray,
+                first: np.ndarray, gid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's cost model and note (its first kernel's op cost), MoE rows' from their
+    kernels' expected expert bytes; a row over steps with unequal expert bytes says its note's
+    numbers are the first step's."""
+    moe_row = pd.notna(k_note[first])
+    if moe_row.any():
+        r_model[moe_row] = k_model[first][moe_row]
+        r_note[moe_row] = k_note[first][moe_row]
+        lo = np.full(len(first), np.inf)
+        hi = np.full(len(first), -np.inf)
+        kl = np.where(np.isnan(k_layer), -1.0, k_layer)
+        np.minimum.at(lo, gid, kl)
+        np.maximum.at(hi, gid, kl)
+        varies = moe_row & (lo != hi) & (r_model == "moe")
+        r_note[varies] = [f"{t} (numbers of the row's first step; the expert bytes vary by step)" for t in r_note[varies]]
+    return r_model, r_note
+
+
+def _frame(data: dict, korigin: np.ndarray, cap_stats: dict | None, source_format: str) -> pd.DataFrame:
+    """The table from its columns: the steps' rows first (the work the report is about), then
+    work no step claims (the previous step's tail, warm-up), each by time; ``attrs`` with the
+    capture statistics."""
+    for c in _TEXT_COLUMNS:  # None stays None (pandas >= 3 would infer a str dtype with NaN)
+        data[c] = pd.Series(np.asarray(data[c], dtype=object), dtype=object)
+    out = pd.DataFrame(data)
+    out = (out.assign(_outside=(out["phase"] == "unknown").to_numpy())
+           .sort_values(["_outside", "total_ms"], ascending=[True, False], kind="stable")
+           .drop(columns="_outside").reset_index(drop=True))
+    if cap_stats is not None:
+        cap_stats["kernels_mapped"] = int(np.isin(korigin, (ORIGIN_CAPTURE, ORIGIN_CAPTURE_NODIMS)).sum())
+    out.attrs = {"capture": cap_stats, "source_format": source_format}
+    return out
+
+
+@dataclass
+class _OpLinks:
+    """Per GPU activity: the source row of its operator (``src``, -1 none), its op call
+    (``inst``) and the origin code; the operator sources; capture statistics."""
+
+    name_codes: np.ndarray
+    names: np.ndarray | None
+    src: np.ndarray
+    inst: np.ndarray
+    origin: np.ndarray
+    sources: OpSources
+    cap_stats: dict | None
+
+
+def _link_ops(trace: Trace, g: pd.DataFrame, capture, steps: pd.DataFrame | None) -> _OpLinks:
+    """Each activity's operator: by ``External id`` among the trace's ops, else through the
+    graph capture (:func:`~diagnose.analyzers.graphmap.map_graph`)."""
     n_all = len(g)
     if "name_id" in g:
         name_codes = g["name_id"].to_numpy(dtype=np.int64)
@@ -519,14 +441,14 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
         name_codes, names = _codes(g["name"])
     src = np.full(n_all, -1, dtype=np.int64)      # index into sources
     inst = np.full(n_all, -1, dtype=np.int64)     # op call id (for apportioning)
-    origin = np.full(n_all, _NO_OP, dtype=np.int64)
-    sources = _Sources()
+    origin = np.full(n_all, ORIGIN_NO_OP, dtype=np.int64)
+    sources = OpSources()
     nsys = str(trace.source_format).startswith("nsys")
     ops = trace.cpu_ops
     if nsys:
-        origin[:] = _NSYS
+        origin[:] = ORIGIN_NSYS
     elif len(ops) == 0:
-        origin[:] = _NO_OPS
+        origin[:] = ORIGIN_NO_OPS
     else:
         ext_sorted, rows = _pick_ops(ops)
         if len(ext_sorted):
@@ -541,10 +463,10 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
             src[hit] = off + op_code
             inst[hit] = op_row
             has_dims = ~pd.isna(cols_used[1])
-            origin[hit] = np.where(has_dims[op_code], _TRACE, _TRACE_NODIMS)
+            origin[hit] = np.where(has_dims[op_code], ORIGIN_TRACE, ORIGIN_TRACE_NODIMS)
     graph = (g["launch_kind"].to_numpy(dtype=object) == "graph_launch") if "launch_kind" in g else np.zeros(n_all, bool)
     if not nsys:
-        origin[graph & (src < 0)] = _GRAPH_NO_CAPTURE
+        origin[graph & (src < 0)] = ORIGIN_GRAPH_NO_CAPTURE
     cap_stats = None
     if capture is not None and not nsys:
         caps = [capture] if isinstance(capture, CaptureMapping) else list(capture)
@@ -554,17 +476,16 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
                      "notes": [n for c in caps for n in c.notes]}
         if names is None:
             names = _names_of(g, name_codes)
-        _map_graph(g, name_codes, names, caps, _step_bs(steps), src, inst, origin, sources, cap_stats)
-        origin[origin == _GRAPH_NO_CAPTURE] = _GRAPH_UNMATCHED
+        map_graph(g, name_codes, names, caps, step_padded_sizes(steps), src, inst, origin, sources, cap_stats)
+        origin[origin == ORIGIN_GRAPH_NO_CAPTURE] = ORIGIN_GRAPH_UNMATCHED
 
-    # ---- kernels only from here
-    k = np.nonzero(is_k)[0]
-    dur = (g["end_ns"].to_numpy(dtype=np.int64)[k] - g["start_ns"].to_numpy(dtype=np.int64)[k]).astype(np.float64)
-    ksrc, korigin = src[k], origin[k]
-    dev_c, dev_u = _codes(g["device"].iloc[k] if len(k) < n_all else g["device"])
-    ph_col = g["phase"] if "phase" in g else pd.Series(["unknown"] * n_all, index=g.index, dtype=object)
-    ph_c, ph_u = _codes(ph_col.iloc[k] if len(k) < n_all else ph_col)
-    kname = name_codes[k]
+    return _OpLinks(name_codes, names, src, inst, origin, sources, cap_stats)
+
+
+def _op_keys(sources: OpSources) -> tuple[int, list, np.ndarray, int, np.ndarray]:
+    """Operator identity codes over the referenced sources: (number of sources, per column
+    (codes, uniques) for name, dims, types, concrete; op key of each source; number of op keys;
+    the first source of each key)."""
     # operator identity: (name, dims, types, concrete) codes over the referenced sources;
     # JSON re-encoded compactly so that formatting (pretty-printed traces) does not split keys
     n_src = sources.n
@@ -582,18 +503,15 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
         opkey_of_src = np.zeros(0, dtype=np.int64)
         n_opkey = 0
         rep_src = np.zeros(0, dtype=np.int64)
+    return n_src, cols, opkey_of_src, n_opkey, rep_src
+
+
+def _kernel_costs(trace: Trace, g: pd.DataFrame, k: np.ndarray, steps: pd.DataFrame | None, kop: np.ndarray,
+                  n_opkey: int, cols: list, rep_src: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The cost (:func:`~diagnose.analyzers.opcost.op_cost`) of each distinct (op key, step
+    sequence info) the kernels ``k`` ran: (cost code per kernel, FLOPs, bytes, model, note per
+    code). Attention ops read their step's sequence sums; a Python call per distinct key."""
     (name_c, name_u), (dims_c, dims_u), (types_c, types_u), (conc_c, conc_u) = cols
-    kop = np.where(ksrc >= 0, opkey_of_src[np.maximum(ksrc, 0)] if n_src else -1, -1)
-    # row key: device, phase, op key, kernel name, origin
-    n_names = int(name_codes.max()) + 1 if len(name_codes) else 1
-    gid = _combine([dev_c, ph_c, kop + 1, kname, korigin], [len(dev_u), len(ph_u), n_opkey + 1, n_names, _N_ORIGINS])
-    n_rows = int(gid.max()) + 1
-    calls = np.bincount(gid, minlength=n_rows)
-    total_ns = np.bincount(gid, weights=dur, minlength=n_rows)
-    first = _first_index(gid, n_rows)
-    # phase kernel time per (device, phase)
-    dp_c = _combine([dev_c, ph_c], [len(dev_u), len(ph_u)])
-    phase_ns = np.bincount(dp_c, weights=dur)[dp_c]
     # per-kernel cost: (op key, step sequence info) for attention, op key otherwise
     seq_code = np.full(len(k), -1, dtype=np.int64)
     seq_list: list[SeqInfo] = []
@@ -639,6 +557,17 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
         if c.bytes is not None:
             cost_bytes[i] = c.bytes
         cost_model[i], cost_note[i] = c.model, c.note
+    return ck_c, cost_flops, cost_bytes, cost_model, cost_note
+
+
+def _apportion(g: pd.DataFrame, k: np.ndarray, links: _OpLinks, dur: np.ndarray, kname: np.ndarray, kop: np.ndarray,
+               n_opkey: int, cols: list, rep_src: np.ndarray, kflops: np.ndarray, kbytes: np.ndarray,
+               moe: MoeLayerBytes | None) -> tuple[np.ndarray, ...]:
+    """Each op call's cost spread over its kernels by kernel time, and MoE calls' expected
+    expert bytes (:func:`~diagnose.analyzers.moebytes.moe_kernel_bytes`): (FLOPs, bytes, cost
+    model, note and layer bytes per kernel, kernel names)."""
+    inst, names, name_codes = links.inst, links.names, links.name_codes
+    (name_c, name_u) = cols[0]
     # apportion each op call's cost to its kernels by kernel time
     kinst = inst[k]
     has_inst = kinst >= 0
@@ -649,8 +578,8 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
         ins_n = np.bincount(ic)
         d = dur[has_inst]
         frac[has_inst] = np.where(ins_ns[ic] > 0, d / np.where(ins_ns[ic] > 0, ins_ns[ic], 1), 1.0 / ins_n[ic])
-    fk = cost_flops[ck_c] * frac
-    bk = cost_bytes[ck_c] * frac
+    fk = kflops * frac
+    bk = kbytes * frac
     # MoE op calls: expected routed-expert bytes of the layer at the step's tokens
     k_model = np.full(len(k), None, dtype=object)
     k_note = np.full(len(k), None, dtype=object)
@@ -663,51 +592,15 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
                 names = _names_of(g, name_codes)
             kst = g["step"].to_numpy(dtype=np.int64)[k] if "step" in g else np.full(len(k), -1, dtype=np.int64)
             kstart = g["start_ns"].to_numpy(dtype=np.int64)[k]
-            _moe_kernel_bytes(np.nonzero(kmoe)[0], inst[k], kstart, dur, frac, kname, names, kst, moe,
+            moe_kernel_bytes(np.nonzero(kmoe)[0], inst[k], kstart, dur, frac, kname, names, kst, moe,
                               bk, k_model, k_note, k_layer)
-    row_flops = np.bincount(gid, weights=np.nan_to_num(fk), minlength=n_rows)
-    row_flops[np.bincount(gid, weights=np.isnan(fk), minlength=n_rows) > 0] = np.nan
-    row_bytes = np.bincount(gid, weights=np.nan_to_num(bk), minlength=n_rows)
-    row_bytes[np.bincount(gid, weights=np.isnan(bk), minlength=n_rows) > 0] = np.nan
-    # row attributes from the first kernel of each row
-    fk_i = first
-    r_src = ksrc[fk_i]
-    r_orig = korigin[fk_i]
-    if names is None:
-        names = _names_of(g, name_codes)
-    kernel_names = names[kname[fk_i]]
-    cat = g["category"].take(k[fk_i]).to_numpy(dtype=object) if "category" in g else np.full(n_rows, None, dtype=object)
-    has_src = r_src >= 0
-    rs = np.maximum(r_src, 0)
-    op_name = np.where(has_src, np.asarray(name_u, dtype=object)[name_c[rs]] if n_src else None, None)
-    op_dims = np.where(has_src, np.asarray(dims_u, dtype=object)[dims_c[rs]] if n_src else None, None)
-    op_types = np.where(has_src, np.asarray(types_u, dtype=object)[types_c[rs]] if n_src else None, None)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tflops = row_flops / total_ns / 1e3  # FLOP/ns = 1e9 FLOP/s
-        tbps = row_bytes / total_ns / 1e3
-        ai = row_flops / row_bytes
-        share = total_ns / phase_ns[fk_i]
-    tflops[total_ns <= 0] = np.nan
-    tbps[total_ns <= 0] = np.nan
-    ai[~np.isfinite(ai)] = np.nan
-    pk_f = peak.dense_fp16_tflops if peak is not None else None
-    pk_b = peak.memory_bandwidth_tbps if peak is not None else None
-    ridge = peak.ridge_flop_per_byte if peak is not None else None
-    rc = ck_c[fk_i]
-    r_model = cost_model[rc]
-    r_note = cost_note[rc].copy()
-    moe_row = pd.notna(k_note[fk_i])
-    if moe_row.any():
-        r_model[moe_row] = k_model[fk_i][moe_row]
-        r_note[moe_row] = k_note[fk_i][moe_row]
-        # a row over steps with unequal expert bytes: its note's numbers are the first step's
-        lo = np.full(n_rows, np.inf)
-        hi = np.full(n_rows, -np.inf)
-        kl = np.where(np.isnan(k_layer), -1.0, k_layer)
-        np.minimum.at(lo, gid, kl)
-        np.maximum.at(hi, gid, kl)
-        varies = moe_row & (lo != hi) & (r_model == "moe")
-        r_note[varies] = [f"{t} (numbers of the row's first step; the expert bytes vary by step)" for t in r_note[varies]]
+    return fk, bk, k_model, k_note, k_layer, names
+
+
+def _drop_over_peak(r_model: np.ndarray, r_note: np.ndarray, tflops: np.ndarray, tbps: np.ndarray, ai: np.ndarray,
+                    row_flops: np.ndarray, row_bytes: np.ndarray, pk_f: float | None, pk_b: float | None) -> None:
+    """In place: rows whose counted work the device could not have done in the measured time
+    lose the over-counted numbers (attention: FLOPs and bytes; MoE: expected bytes)."""
     # Attention work depends on what the shapes do not show (sliding windows, per-sequence
     # lengths): a count the device could not have done in the time is an over-count, not a
     # measurement. Such rows lose their FLOPs and bytes.
@@ -726,49 +619,6 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
                 arr[over] = np.nan
             r_note[over] = ("expected expert bytes exceed the device peak bandwidth in the measured time: routing touched "
                             "fewer experts than the uniform-routing estimate; bytes dropped")
-    bound = np.full(n_rows, None, dtype=object)
-    if ridge:
-        known = ~np.isnan(ai)
-        bound[known] = np.where(ai[known] >= ridge, "compute", "memory")
-    data = {
-        "device": dev_u[dev_c[fk_i]].astype(np.int64),
-        "phase": ph_u[ph_c[fk_i]],
-        "op": op_name,
-        "input_dims": op_dims,
-        "input_types": op_types,
-        "kernel": kernel_names,
-        "category": cat,
-        "calls": calls.astype(np.int64),
-        "total_ms": total_ns / 1e6,
-        "mean_us": total_ns / calls / 1e3,
-        "kernel_time_share": share,
-        "flops": row_flops,
-        "bytes": row_bytes,
-        "flops_per_call": row_flops / calls,
-        "bytes_per_call": row_bytes / calls,
-        "achieved_tflops": tflops,
-        "achieved_tbps": tbps,
-        "peak_tflops_share": tflops / pk_f if pk_f else np.full(n_rows, np.nan),
-        "peak_tbps_share": tbps / pk_b if pk_b else np.full(n_rows, np.nan),
-        "arithmetic_intensity_flop_per_byte": ai,
-        "bound": bound,
-        "cost_model": r_model,
-        "cost_note": r_note,
-        "op_source": np.array([_ORIGIN_SOURCE.get(int(o)) for o in r_orig], dtype=object),
-        "shapes_unknown": np.array([SHAPES_UNKNOWN.get(int(o)) for o in r_orig], dtype=object),
-    }
-    for c in _TEXT_COLUMNS:  # None stays None (pandas >= 3 would infer a str dtype with NaN)
-        data[c] = pd.Series(np.asarray(data[c], dtype=object), dtype=object)
-    out = pd.DataFrame(data)
-    # the steps' rows first (the work the report is about), then work no step claims (the
-    # previous step's tail, warm-up); each by time
-    out = (out.assign(_outside=(out["phase"] == "unknown").to_numpy())
-           .sort_values(["_outside", "total_ms"], ascending=[True, False], kind="stable")
-           .drop(columns="_outside").reset_index(drop=True))
-    if cap_stats is not None:
-        cap_stats["kernels_mapped"] = int(np.isin(korigin, (_CAPTURE, _CAPTURE_NODIMS)).sum())
-    out.attrs = {"capture": cap_stats, "source_format": trace.source_format}
-    return out
 
 
 def _combine(codes: list[np.ndarray], sizes: list[int]) -> np.ndarray:
