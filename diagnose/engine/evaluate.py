@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from diagnose.engine.condition import eval_condition, mangle
+from diagnose.engine.condition import eval_condition, eval_expression, mangle
 from diagnose.engine.rule import Number, Rule, apply_overrides, render_template
 from diagnose.vocab import LEVERS, QUALITY_CODES, SEVERITY_RANK, STEP_PHASES
 
@@ -155,8 +155,6 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
             parts.append("unreliable finding(s) (see quality): " + ", ".join(bad))
         return "; ".join(parts)
 
-    from diagnose.engine.condition import eval_expression
-
     labels = dict(labels or {})
     for r in rules:
         if scopes is not None and r.scope not in scopes:
@@ -191,51 +189,8 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
         except (ZeroDivisionError, OverflowError) as e:
             v.not_evaluated.append({**head, "missing": [], "reason": f"condition could not be computed: {type(e).__name__}"})
             continue
-        ev_findings = dict(vals)
-        for n in r.evidence:
-            ev_findings[n] = _clean(findings.get(n))
-        for n in r.min_samples:
-            ev_findings.setdefault(n, _clean(findings.get(n)))
-        rule_labels = {k: labels.get(k) for k in r.labels}
-        template_vals = {**ev_findings, **r.threshold_values(), **rule_labels}
-        entry = {
-            **head,
-            "phase": r.phase,
-            "scope": r.scope,
-            "summary": render_template(r.summary, template_vals),
-            "evidence": {
-                "findings": ev_findings,
-                "thresholds": {k: {"value": t.value, "unit": t.unit, "rationale": t.rationale} for k, t in r.thresholds.items()},
-            },
-        }
-        if rule_labels:
-            entry["evidence"]["labels"] = rule_labels
+        entry = _entry(r, head, vals, findings, labels, fired)
         if fired:
-            entry.update(likely_cause=r.likely_cause, how_to_verify=r.how_to_verify, fix=r.fix, references=list(r.references))
-            if r.cause:
-                entry["cause"] = render_template(r.cause, rule_labels)
-            if r.headline:
-                entry["headline"] = render_template(r.headline, template_vals)
-            if r.stake_tree is not None:
-                senv = {mangle(n): x for n, x in ev_findings.items() if x is not None}
-                senv.update(r.threshold_values())
-                try:
-                    stake = eval_expression(r.stake_tree, senv)
-                except (ZeroDivisionError, OverflowError, KeyError):
-                    stake = None
-                window = _stake_base_ms(findings)
-                if stake is not None:
-                    entry["stake_ms"] = round(stake, 6)
-                    if window:
-                        entry["stake_share"] = round(min(stake / window, 1.0), 6)
-                        entry["severity"] = severity_for_share(stake / window)
-            keep, notes = _levers(r, findings)
-            entry["recommends"] = keep
-            if notes:
-                entry["already_in_place"] = notes
-                # the rule's prose may name the dropped levers: every view shows this instead
-                entry["fix"] = ("; ".join(LEVERS[k].text for k in keep) + ". " if keep else "") + " ".join(
-                    n[0].upper() + n[1:] + "." for n in notes)
             v.symptoms.append(entry)
         else:
             v.passed.append(entry)
@@ -243,6 +198,59 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
     v.symptoms.sort(key=lambda s: (-SEVERITY_RANK[s["severity"]], kinds.get(s["id"]) != "cause", -(s.get("stake_ms") or 0.0), s["id"]))
     _group(v.symptoms)
     return v
+
+
+def _entry(r: Rule, head: dict[str, Any], vals: dict[str, Any], findings: Mapping[str, Any], labels: Mapping[str, str],
+           fired: bool) -> dict[str, Any]:
+    """The verdict entry of an evaluated rule: its evidence (findings, thresholds, labels) and
+    summary; for a fired rule also its prose, cause, headline, time at stake (and the severity
+    that follows from its share), and the levers it recommends less those already in place."""
+    ev_findings = dict(vals)
+    for n in r.evidence:
+        ev_findings[n] = _clean(findings.get(n))
+    for n in r.min_samples:
+        ev_findings.setdefault(n, _clean(findings.get(n)))
+    rule_labels = {k: labels.get(k) for k in r.labels}
+    template_vals = {**ev_findings, **r.threshold_values(), **rule_labels}
+    entry = {
+        **head,
+        "phase": r.phase,
+        "scope": r.scope,
+        "summary": render_template(r.summary, template_vals),
+        "evidence": {
+            "findings": ev_findings,
+            "thresholds": {k: {"value": t.value, "unit": t.unit, "rationale": t.rationale} for k, t in r.thresholds.items()},
+        },
+    }
+    if rule_labels:
+        entry["evidence"]["labels"] = rule_labels
+    if fired:
+        entry.update(likely_cause=r.likely_cause, how_to_verify=r.how_to_verify, fix=r.fix, references=list(r.references))
+        if r.cause:
+            entry["cause"] = render_template(r.cause, rule_labels)
+        if r.headline:
+            entry["headline"] = render_template(r.headline, template_vals)
+        if r.stake_tree is not None:
+            senv = {mangle(n): x for n, x in ev_findings.items() if x is not None}
+            senv.update(r.threshold_values())
+            try:
+                stake = eval_expression(r.stake_tree, senv)
+            except (ZeroDivisionError, OverflowError, KeyError):
+                stake = None
+            window = _stake_base_ms(findings)
+            if stake is not None:
+                entry["stake_ms"] = round(stake, 6)
+                if window:
+                    entry["stake_share"] = round(min(stake / window, 1.0), 6)
+                    entry["severity"] = severity_for_share(stake / window)
+        keep, notes = _levers(r, findings)
+        entry["recommends"] = keep
+        if notes:
+            entry["already_in_place"] = notes
+            # the rule's prose may name the dropped levers: every view shows this instead
+            entry["fix"] = ("; ".join(LEVERS[k].text for k in keep) + ". " if keep else "") + " ".join(
+                n[0].upper() + n[1:] + "." for n in notes)
+    return entry
 
 
 def _group(symptoms: list[dict[str, Any]]) -> None:
