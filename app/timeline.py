@@ -243,38 +243,9 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
         act = dict(row=row[order], start=start[order], end=end[order], cat=cat_codes[order].astype(np.int16),
                    src=order)
 
-        g_rows, g_s, g_e, g_k, g_next = [], [], [], [], []
-        for d, grow in device_gap_rows.items():
-            m = np.nonzero(dev == d)[0] if len(device_gap_rows) > 1 else np.arange(n)
-            o = m[np.lexsort((end[m], start[m]))]
-            hx = host_index
-            if hx is not None:  # causes need absolute times: shift back by t0
-                gs, ge, gk, gi = _device_gaps(start[o] + t0, end[o] + t0, le[o] + t0, lk[o], gf[o],
-                                              tids_all[o] if tids_all is not None else None, hx)
-                gs, ge = gs - t0, ge - t0
-            else:
-                gs, ge, gk, gi = _device_gaps(start[o], end[o], le[o], lk[o], gf[o])
-            g_rows.append(np.full(len(gs), grow, dtype=np.int32))
-            g_s.append(gs)
-            g_e.append(ge)
-            g_k.append(gk)
-            g_next.append(o[gi])
-        gaps = dict(row=np.concatenate(g_rows), start=np.concatenate(g_s), end=np.concatenate(g_e),
-                    kind=np.concatenate(g_k), next=np.concatenate(g_next))
+        gaps = _gap_rows(device_gap_rows, dev, start, end, le, lk, gf, tids_all, host_index, t0)
 
-    phases: list[str] = []
-    sp = []
-    for s in step_rows:
-        ph = str(s.get("phase") or "unknown")
-        if ph not in phases:
-            phases.append(ph)
-        sp.append(phases.index(ph))
-    labels = [
-        f"{s.get('phase')} step {i}: {str(s.get('name'))[:80]}"
-        + (f" · batch {s['batch']}" if s.get("batch") is not None else "")
-        + (f" · tokens {s['tokens']}" if s.get("tokens") is not None else "")
-        for i, s in enumerate(step_rows)
-    ]
+    phases, sp, labels = _step_lanes(step_rows)
     return TimelineData(
         t0_ns=t0,
         rows=rows,
@@ -297,6 +268,47 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
         host_kind=host["kind"].to_numpy(dtype=np.int8) if host_row is not None else np.zeros(0, dtype=np.int8),
         host_label=[str(x)[:120] for x in host["name"]] if host_row is not None else [],
     )
+
+
+def _gap_rows(device_gap_rows: dict[int, int], dev: np.ndarray, start: np.ndarray, end: np.ndarray, le: np.ndarray,
+              lk: np.ndarray, gf: np.ndarray, tids_all: np.ndarray | None, host_index, t0: int) -> dict[str, np.ndarray]:
+    """The idle gaps of each device (times from ``t0``), on the device's idle row: row, start,
+    end, kind and the activity after each gap."""
+    g_rows, g_s, g_e, g_k, g_next = [], [], [], [], []
+    for d, grow in device_gap_rows.items():
+        m = np.nonzero(dev == d)[0] if len(device_gap_rows) > 1 else np.arange(len(dev))
+        o = m[np.lexsort((end[m], start[m]))]
+        if host_index is not None:  # causes need absolute times: shift back by t0
+            gs, ge, gk, gi = _device_gaps(start[o] + t0, end[o] + t0, le[o] + t0, lk[o], gf[o],
+                                          tids_all[o] if tids_all is not None else None, host_index)
+            gs, ge = gs - t0, ge - t0
+        else:
+            gs, ge, gk, gi = _device_gaps(start[o], end[o], le[o], lk[o], gf[o])
+        g_rows.append(np.full(len(gs), grow, dtype=np.int32))
+        g_s.append(gs)
+        g_e.append(ge)
+        g_k.append(gk)
+        g_next.append(o[gi])
+    return dict(row=np.concatenate(g_rows), start=np.concatenate(g_s), end=np.concatenate(g_e),
+                kind=np.concatenate(g_k), next=np.concatenate(g_next))
+
+
+def _step_lanes(step_rows: list) -> tuple[list[str], list[int], list[str]]:
+    """(phases in order of appearance, each step's phase index, each step's hover label)."""
+    phases: list[str] = []
+    sp = []
+    for s in step_rows:
+        ph = str(s.get("phase") or "unknown")
+        if ph not in phases:
+            phases.append(ph)
+        sp.append(phases.index(ph))
+    labels = [
+        f"{s.get('phase')} step {i}: {str(s.get('name'))[:80]}"
+        + (f" · batch {s['batch']}" if s.get("batch") is not None else "")
+        + (f" · tokens {s['tokens']}" if s.get("tokens") is not None else "")
+        for i, s in enumerate(step_rows)
+    ]
+    return phases, sp, labels
 
 
 # -- segment helpers -------------------------------------------------------------------
@@ -503,9 +515,64 @@ def timeline_figure(
     svis = (td.step_start < hi) & (td.step_end > lo)
     n_vis, n_gvis, n_svis = int(vis.sum()), int(gvis.sum()), int(svis.sum())
     n_rows = len(td.rows)
-    traces: list[go.Scatter] = []
-    drawn = 0
+    traces, shapes, drawn = _step_traces(td, svis, lo, hi, max_points)
+    if td.host_row is not None:
+        host, n_host = _host_traces(td, lo, hi, max_points)
+        traces += host
+        drawn += n_host
 
+    budget = max_points - drawn
+    ai = np.nonzero(vis)[0]
+    gi = np.nonzero(gvis)[0]
+    mode = "detail" if n_vis + n_gvis <= budget else "aggregated"
+    n_bins = None
+    if mode == "detail":
+        more, n_more = _detail_traces(td, ai, gi)
+        traces += more
+        drawn += n_more
+    else:
+        more, n_more, n_bins = _aggregated_traces(td, ai, gi, lo, hi, budget)
+        traces += more
+        drawn += n_more
+
+    # Each legend group once.
+    seen = set()
+    for t in traces:
+        t.showlegend = t.legendgroup not in seen
+        seen.add(t.legendgroup)
+
+    fig = go.Figure(traces)
+    xr = [lo / 1e6, hi / 1e6] if x_range is not None else [0, span / 1e6]
+    title = "GPU timeline"
+    if mode == "aggregated":
+        title += f" — {n_vis:,} activities merged into pixel-sized blocks (zoom in for detail)"
+    else:
+        title += f" — {n_vis:,} activities"
+    fig.update_layout(
+        title=dict(text=title, font=dict(size=14), y=0.98, yanchor="top"),
+        height=max(300, 170 + ROW_PX * n_rows),
+        margin=dict(l=150, r=20, t=90, b=50),
+        xaxis=dict(title="ms since first GPU activity", range=xr, showgrid=True, zeroline=False),
+        yaxis=dict(tickvals=list(range(n_rows)), ticktext=td.rows, range=[n_rows - 0.5, -0.5],
+                   fixedrange=True, showgrid=False, zeroline=False),
+        legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0, font=dict(size=11)),
+        shapes=shapes,
+        hovermode="closest",
+        uirevision="timeline",
+        dragmode="zoom",
+        plot_bgcolor="white",
+        meta={"mode": mode, "visible_activities": n_vis, "visible_gaps": n_gvis, "visible_steps": n_svis,
+              "drawn": drawn, "n_bins": n_bins, "t0_ns": td.t0_ns, "max_points": max_points},
+    )
+    return fig
+
+
+def _step_traces(td: TimelineData, svis: np.ndarray, lo: int, hi: int, max_points: int) -> tuple[list, list, int]:
+    """Row 0: one segment per visible step (merged into blocks above a tenth of the budget),
+    step-start markers and shaded step bands when few: (traces, shapes, elements drawn)."""
+    traces: list = []
+    drawn = 0
+    n_svis = int(svis.sum())
     # -- steps / phases (row 0) --------------------------------------------------------
     shapes = []
     step_budget = max_points // 10
@@ -551,6 +618,13 @@ def timeline_figure(
                                          np.zeros(int(m.sum())), txt, width=LINE_PX + 4, legendgroup="phase:" + ph))
                 drawn += int(m.sum())
 
+    return traces, shapes, drawn
+
+
+def _host_traces(td: TimelineData, lo: int, hi: int, max_points: int) -> tuple[list, int]:
+    """The host lane: step markers and runtime calls per kind (merged when many)."""
+    traces: list = []
+    drawn = 0
     # -- host lane: step markers and runtime calls --------------------------------------
     if td.host_row is not None:
         hvis = np.nonzero((td.host_start < hi) & (td.host_end > lo))[0]
@@ -575,115 +649,96 @@ def timeline_figure(
                                          [f"{c} {kname}s merged" for c in counts], legendgroup="host:" + kname))
                 drawn += len(bs)
 
-    budget = max_points - drawn
-    ai = np.nonzero(vis)[0]
-    gi = np.nonzero(gvis)[0]
-    mode = "detail" if n_vis + n_gvis <= budget else "aggregated"
-    n_bins = None
-    if mode == "detail":
+    return traces, drawn
+
+
+def _detail_traces(td: TimelineData, ai: np.ndarray, gi: np.ndarray) -> tuple[list, int]:
+    """Every visible activity (per category) and gap (per kind) as its own segment."""
+    traces: list = []
+    drawn = 0
+    for c, cname in enumerate(td.categories):
+        sel = ai[td.act_cat[ai] == c]
+        if len(sel) == 0:
+            continue
+        src = td.act_src[sel]
+        txt = [f"{str(nm)[:120]}<br>{cname} · {kd} · {_fmt_us(d)}" for nm, kd, d in
+               zip(td.names.iloc[src].tolist(), td.kinds.iloc[src].tolist(),
+                   (td.act_end[sel] - td.act_start[sel]).tolist())]
+        traces.append(_seg_trace(cname, category_color(cname), td.act_start[sel] / 1e6, td.act_end[sel] / 1e6,
+                                 td.act_row[sel], txt, legendgroup="cat:" + cname))
+        drawn += len(sel)
+    for k, kname in enumerate(GAP_KINDS):
+        sel = gi[td.gap_kind[gi] == k]
+        if len(sel) == 0:
+            continue
+        txt = [f"{kname} gap {_fmt_us(d)}<br>before {str(nx)[:100]}" for nx, d in
+               zip(td.names.iloc[td.gap_next[sel]].tolist(), (td.gap_end[sel] - td.gap_start[sel]).tolist())]
+        traces.append(_seg_trace(GAP_LABELS[kname], GAP_COLORS[kname], td.gap_start[sel] / 1e6,
+                                 td.gap_end[sel] / 1e6, td.gap_row[sel], txt, legendgroup="gap:" + kname))
+        drawn += len(sel)
+    return traces, drawn
+
+
+def _aggregated_traces(td: TimelineData, ai: np.ndarray, gi: np.ndarray, lo: int, hi: int, budget: int) -> tuple[list, int, int]:
+    """Activities merged into pixel-sized blocks coloured by their dominant category, and idle
+    runs per gap row (launch-bound or not): (traces, elements drawn, bins per row)."""
+    traces: list = []
+    drawn = 0
+    n_rows = len(td.rows)
+    n_vis, n_gvis = len(ai), len(gi)
+    rows_drawn = n_rows - 1 - (td.host_row is not None)
+    n_bins = int(max(1, min(MAX_BINS, budget // max(rows_drawn, 1))))
+    if n_vis:
+        row = td.act_row[ai].astype(np.int64)
+        s, e = td.act_start[ai], td.act_end[ai]
+        ncat = max(len(td.categories), 1)
+        brow, bs, be, dom, cnt, busy = _bin_class_runs(row, s, e, td.act_cat[ai].astype(np.int64), lo, hi,
+                                                       n_rows, n_bins, ncat)
         for c, cname in enumerate(td.categories):
-            sel = ai[td.act_cat[ai] == c]
-            if len(sel) == 0:
+            m = dom == c
+            if not m.any():
                 continue
-            src = td.act_src[sel]
-            txt = [f"{str(nm)[:120]}<br>{cname} · {kd} · {_fmt_us(d)}" for nm, kd, d in
-                   zip(td.names.iloc[src].tolist(), td.kinds.iloc[src].tolist(),
-                       (td.act_end[sel] - td.act_start[sel]).tolist())]
-            traces.append(_seg_trace(cname, category_color(cname), td.act_start[sel] / 1e6, td.act_end[sel] / 1e6,
-                                     td.act_row[sel], txt, legendgroup="cat:" + cname))
-            drawn += len(sel)
-        for k, kname in enumerate(GAP_KINDS):
-            sel = gi[td.gap_kind[gi] == k]
-            if len(sel) == 0:
+            txt = [f"{n:,} activities merged · mostly {cname}<br>{_fmt_us(b)} of activity in {_fmt_us(ln)}"
+                   for n, b, ln in zip(cnt[m].tolist(), busy[m].tolist(), (be[m] - bs[m]).tolist())]
+            traces.append(_seg_trace(cname, category_color(cname), bs[m] / 1e6, be[m] / 1e6, brow[m], txt,
+                                     legendgroup="cat:" + cname))
+            drawn += int(m.sum())
+    if n_gvis:
+        edges = lo + (hi - lo) * np.arange(n_bins + 1, dtype=np.float64) / n_bins
+        binw = (hi - lo) / n_bins
+        for grow in sorted(set(td.device_gap_rows.values())):
+            g = gi[td.gap_row[gi] == grow]
+            if len(g) == 0:
                 continue
-            txt = [f"{kname} gap {_fmt_us(d)}<br>before {str(nx)[:100]}" for nx, d in
-                   zip(td.names.iloc[td.gap_next[sel]].tolist(), (td.gap_end[sel] - td.gap_start[sel]).tolist())]
-            traces.append(_seg_trace(GAP_LABELS[kname], GAP_COLORS[kname], td.gap_start[sel] / 1e6,
-                                     td.gap_end[sel] / 1e6, td.gap_row[sel], txt, legendgroup="gap:" + kname))
-            drawn += len(sel)
-    else:
-        rows_drawn = n_rows - 1 - (td.host_row is not None)
-        n_bins = int(max(1, min(MAX_BINS, budget // max(rows_drawn, 1))))
-        if n_vis:
-            row = td.act_row[ai].astype(np.int64)
-            s, e = td.act_start[ai], td.act_end[ai]
-            ncat = max(len(td.categories), 1)
-            brow, bs, be, dom, cnt, busy = _bin_class_runs(row, s, e, td.act_cat[ai].astype(np.int64), lo, hi,
-                                                           n_rows, n_bins, ncat)
-            for c, cname in enumerate(td.categories):
-                m = dom == c
+            idle = np.zeros((len(GAP_KINDS), n_bins))
+            for k in range(len(GAP_KINDS)):
+                gk = g[td.gap_kind[g] == k]
+                idle[k] = _idle_by_bin(td.gap_start[gk].astype(np.float64), td.gap_end[gk].astype(np.float64), edges)
+            total = idle.sum(axis=0)
+            launch = idle[GAP_KINDS.index("launch")]
+            show = total >= MIN_IDLE_SHARE * binw
+            cls = np.where(show, np.where(launch >= total - launch, 1, 2), 0)  # 1 launch, 2 other idle
+            change = np.concatenate(([True], cls[1:] != cls[:-1]))
+            first = np.nonzero(change)[0]
+            run_cls = cls[first]
+            run_end = np.append(first[1:], n_bins)
+            tot_run = np.add.reduceat(total, first)
+            la_run = np.add.reduceat(launch, first)
+            for c, kname in ((1, "launch"), (2, "other")):
+                m = run_cls == c
                 if not m.any():
                     continue
-                txt = [f"{n:,} activities merged · mostly {cname}<br>{_fmt_us(b)} of activity in {_fmt_us(ln)}"
-                       for n, b, ln in zip(cnt[m].tolist(), busy[m].tolist(), (be[m] - bs[m]).tolist())]
-                traces.append(_seg_trace(cname, category_color(cname), bs[m] / 1e6, be[m] / 1e6, brow[m], txt,
-                                         legendgroup="cat:" + cname))
+                x0 = edges[first[m]]
+                x1 = edges[run_end[m]]
+                ln = x1 - x0
+                txt = [f"idle {t / l:.0%} of this span ({_fmt_us(t)} in {_fmt_us(l)}), launch gaps {la / l:.0%}"
+                       for t, la, l in zip(tot_run[m].tolist(), la_run[m].tolist(), ln.tolist())]
+                label = GAP_LABELS["launch"] if c == 1 else "idle (not launch-bound)"
+                traces.append(_seg_trace(label, GAP_COLORS[kname], x0 / 1e6, x1 / 1e6,
+                                         np.full(int(m.sum()), grow), txt, legendgroup="gap:" + kname))
                 drawn += int(m.sum())
-        if n_gvis:
-            edges = lo + (hi - lo) * np.arange(n_bins + 1, dtype=np.float64) / n_bins
-            binw = (hi - lo) / n_bins
-            for grow in sorted(set(td.device_gap_rows.values())):
-                g = gi[td.gap_row[gi] == grow]
-                if len(g) == 0:
-                    continue
-                idle = np.zeros((len(GAP_KINDS), n_bins))
-                for k in range(len(GAP_KINDS)):
-                    gk = g[td.gap_kind[g] == k]
-                    idle[k] = _idle_by_bin(td.gap_start[gk].astype(np.float64), td.gap_end[gk].astype(np.float64), edges)
-                total = idle.sum(axis=0)
-                launch = idle[GAP_KINDS.index("launch")]
-                show = total >= MIN_IDLE_SHARE * binw
-                cls = np.where(show, np.where(launch >= total - launch, 1, 2), 0)  # 1 launch, 2 other idle
-                change = np.concatenate(([True], cls[1:] != cls[:-1]))
-                first = np.nonzero(change)[0]
-                run_cls = cls[first]
-                run_end = np.append(first[1:], n_bins)
-                tot_run = np.add.reduceat(total, first)
-                la_run = np.add.reduceat(launch, first)
-                for c, kname in ((1, "launch"), (2, "other")):
-                    m = run_cls == c
-                    if not m.any():
-                        continue
-                    x0 = edges[first[m]]
-                    x1 = edges[run_end[m]]
-                    ln = x1 - x0
-                    txt = [f"idle {t / l:.0%} of this span ({_fmt_us(t)} in {_fmt_us(l)}), launch gaps {la / l:.0%}"
-                           for t, la, l in zip(tot_run[m].tolist(), la_run[m].tolist(), ln.tolist())]
-                    label = GAP_LABELS["launch"] if c == 1 else "idle (not launch-bound)"
-                    traces.append(_seg_trace(label, GAP_COLORS[kname], x0 / 1e6, x1 / 1e6,
-                                             np.full(int(m.sum()), grow), txt, legendgroup="gap:" + kname))
-                    drawn += int(m.sum())
 
-    # Each legend group once.
-    seen = set()
-    for t in traces:
-        t.showlegend = t.legendgroup not in seen
-        seen.add(t.legendgroup)
-
-    fig = go.Figure(traces)
-    xr = [lo / 1e6, hi / 1e6] if x_range is not None else [0, span / 1e6]
-    title = "GPU timeline"
-    if mode == "aggregated":
-        title += f" — {n_vis:,} activities merged into pixel-sized blocks (zoom in for detail)"
-    else:
-        title += f" — {n_vis:,} activities"
-    fig.update_layout(
-        title=dict(text=title, font=dict(size=14), y=0.98, yanchor="top"),
-        height=max(300, 170 + ROW_PX * n_rows),
-        margin=dict(l=150, r=20, t=90, b=50),
-        xaxis=dict(title="ms since first GPU activity", range=xr, showgrid=True, zeroline=False),
-        yaxis=dict(tickvals=list(range(n_rows)), ticktext=td.rows, range=[n_rows - 0.5, -0.5],
-                   fixedrange=True, showgrid=False, zeroline=False),
-        legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0, font=dict(size=11)),
-        shapes=shapes,
-        hovermode="closest",
-        uirevision="timeline",
-        dragmode="zoom",
-        plot_bgcolor="white",
-        meta={"mode": mode, "visible_activities": n_vis, "visible_gaps": n_gvis, "visible_steps": n_svis,
-              "drawn": drawn, "n_bins": n_bins, "t0_ns": td.t0_ns, "max_points": max_points},
-    )
-    return fig
+    return traces, drawn, n_bins
 
 
 def figure_drawn_elements(fig: go.Figure) -> int:
