@@ -53,15 +53,21 @@ import datetime as _dt
 import functools
 import inspect
 import json
-import math
 import os
 import platform
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from diagnose import accounting
 from diagnose.accounting import ModelSpec
+from diagnose.collectors.perplexity import (  # noqa: F401  (re-exported)
+    PERPLEXITY_WINDOW,
+    perplexity_from_ids,
+    perplexity_of_text,
+    perplexity_token_ids,
+)
 from diagnose.errors import DiagnoseError
 from diagnose.report import fmt
 from diagnose.roofline import roofline
@@ -82,7 +88,6 @@ DEFAULT_ITERS = 10
 FILL_TOKENS_PER_FORWARD = 8192
 """Most tokens (batch * chunk) per forward while building a decode row's KV cache."""
 
-PERPLEXITY_WINDOW = 1024
 """Tokens predicted per forward when computing perplexity (capped by the model's
 ``max_position_embeddings - 1``)."""
 
@@ -500,12 +505,7 @@ def run_bench(
         ppl_ids = perplexity_token_ids(model_path, perplexity_text)
 
     torch.manual_seed(seed)
-    try:
-        model = tc._build_model(config, model_path, device, torch_dtype)
-    except (RuntimeError, MemoryError) as exc:
-        if not (isinstance(exc, MemoryError) or _is_oom(exc)):
-            raise
-        raise DiagnoseError(f"{device} out of memory while building the model: {tc._one_line(exc)}") from None
+    model = _build(config, model_path, device, torch_dtype)
     hf_config = tc._jsonable(model.config.to_dict())
     label = config_label or (f"model:{model_path}" if model_path else "config")
     name = os.path.basename(os.path.normpath(model_path)) if model_path else label.split(":", 1)[-1]
@@ -514,81 +514,12 @@ def run_bench(
 
     device_name = _device_name(device)
     peak, no_peak_reason = _resolve_peak(device, device_name, gpu, peak_tflops, bandwidth_tbps)
-
     runner = _Runner(model, device, torch_dtype)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    rows: list[dict] = []
-
+    run = _RunSettings(device, warmup, iters, weight_dtype, kv_dtype, peak, no_peak_reason, say)
     with torch.inference_mode():
-        for s in prompt_lens:
-            say(f"prefill S={s}")
-            ids = runner.ids(gen, 1, s)
-            samples, error = None, None
-            try:
-                for _ in range(warmup):
-                    runner.prefill(ids)
-                marker = tc.prefill_marker(1, s)
-                run_once = functools.partial(runner.prefill, ids)
-                samples = [runner.timed(run_once, marker) for _ in range(iters)]
-            except (RuntimeError, MemoryError) as exc:
-                if not (isinstance(exc, MemoryError) or _is_oom(exc)):
-                    raise
-                error = f"{device} out of memory: {tc._one_line(exc)}"
-                samples = None
-            ids = run_once = None
-            _free(device)
-            rows.append(
-                _row("prefill", 1, s, None, prefill_analytic(spec, s, weight_dtype, kv_dtype),
-                     samples, error, peak, no_peak_reason, warmup)
-            )
-
-        for b in batches:
-            for c in contexts:
-                say(f"decode B={b} ctx={c}")
-                samples, error, cache = None, None, None
-                try:
-                    cache = runner.static_cache(b, c + 1)
-                    nxt = runner.fill(cache, runner.ids(gen, b, c))
-                    state = {"ids": nxt}
-
-                    def step() -> None:
-                        state["ids"] = runner.decode(state["ids"], cache, c)
-
-                    def rewind() -> None:
-                        _rewind(cache, c)
-
-                    for _ in range(warmup):
-                        step()
-                        rewind()
-                    marker = tc.decode_marker(b, c)
-                    samples = [runner.timed(step, marker, after=rewind) for _ in range(iters)]
-                except (RuntimeError, MemoryError) as exc:
-                    if not (isinstance(exc, MemoryError) or _is_oom(exc)):
-                        raise
-                    error = f"{device} out of memory: {tc._one_line(exc)}"
-                    samples = None
-                cache = None
-                _free(device)
-                rows.append(
-                    _row("decode", b, None, c, decode_analytic(spec, b, c, weight_dtype, kv_dtype),
-                         samples, error, peak, no_peak_reason, warmup)
-                )
-
-    ppl = None
-    if perplexity_text is not None:
-        if model_path is None:
-            ppl = {
-                "value": None,
-                "text": perplexity_text,
-                "tokens": None,
-                "window": None,
-                "reason": "perplexity is meaningless with random weights (--config); pass --model PATH with real weights",
-            }
-        else:
-            say("perplexity")
-            ppl = perplexity_from_ids(model, ppl_ids, device)
-            ppl["text"] = perplexity_text
-
+        rows = _prefill_rows(runner, gen, spec, prompt_lens, run) + _decode_rows(runner, gen, spec, batches, contexts, run)
+    ppl = _perplexity(model, ppl_ids, perplexity_text, model_path, device, say)
     results = {
         "schema": BENCH_SCHEMA,
         "schema_version": BENCH_SCHEMA_VERSION,
@@ -604,28 +535,10 @@ def run_bench(
             "kv_dtype": kv_dtype,
             "model_config": hf_config,
         },
-        "model": {
-            "name": spec.name,
-            "params_total": spec.params_total,
-            "params_active_per_token": spec.params_active_per_token,
-            "weight_bytes": accounting.weight_bytes(spec, weight_dtype),
-            "kv_bytes_per_token": accounting.kv_bytes_per_token(spec, kv_dtype),
-        },
-        "settings": {
-            "prompt_lens": list(prompt_lens),
-            "batches": list(batches),
-            "contexts": list(contexts),
-            "warmup": warmup,
-            "iters": iters,
-            "seed": seed,
-            "timer": "time.perf_counter_ns",
-            "synchronize": "torch.cuda.synchronize() before each timestamp" if device == "cuda" else "none (CPU work is synchronous)",
-            "percentiles": "numpy linear interpolation over the timed iterations",
-            "derived_from": "p50",
-            "prefill": "batch 1, fresh cache, LM head over all S positions; FLOPs use causal attention",
-            "decode": "static KV cache of context+1 slots filled by a chunked prefill; every timed step runs at exactly `context` cached tokens",
-            "units": {"time": "ms", "flops": "FLOP", "bytes": "B", "tflops": "1e12 FLOP/s", "tbps": "1e12 B/s"},
-        },
+        "model": {"name": spec.name, "params_total": spec.params_total, "params_active_per_token": spec.params_active_per_token,
+                  "weight_bytes": accounting.weight_bytes(spec, weight_dtype),
+                  "kv_bytes_per_token": accounting.kv_bytes_per_token(spec, kv_dtype)},
+        "settings": _settings(prompt_lens, batches, contexts, warmup, iters, seed, device),
         "peak": _peak_json(peak),
         "peak_missing": no_peak_reason,
         "rows": rows,
@@ -636,6 +549,141 @@ def run_bench(
     return results
 
 
+def _build(config, model_path, device: str, torch_dtype):
+    """The model (:func:`~diagnose.collectors.torch_collector._build_model`); out of memory
+    while building it is one DiagnoseError line."""
+    from diagnose.collectors import torch_collector as tc
+
+    try:
+        return tc._build_model(config, model_path, device, torch_dtype)
+    except (RuntimeError, MemoryError) as exc:
+        if not (isinstance(exc, MemoryError) or _is_oom(exc)):
+            raise
+        raise DiagnoseError(f"{device} out of memory while building the model: {tc._one_line(exc)}") from None
+
+
+def _settings(prompt_lens, batches, contexts, warmup: int, iters: int, seed: int, device: str) -> dict:
+    """The results' ``settings``: what was run and how it was timed."""
+    return {
+        "prompt_lens": list(prompt_lens),
+        "batches": list(batches),
+        "contexts": list(contexts),
+        "warmup": warmup,
+        "iters": iters,
+        "seed": seed,
+        "timer": "time.perf_counter_ns",
+        "synchronize": "torch.cuda.synchronize() before each timestamp" if device == "cuda" else "none (CPU work is synchronous)",
+        "percentiles": "numpy linear interpolation over the timed iterations",
+        "derived_from": "p50",
+        "prefill": "batch 1, fresh cache, LM head over all S positions; FLOPs use causal attention",
+        "decode": "static KV cache of context+1 slots filled by a chunked prefill; every timed step runs at exactly `context` cached tokens",
+        "units": {"time": "ms", "flops": "FLOP", "bytes": "B", "tflops": "1e12 FLOP/s", "tbps": "1e12 B/s"},
+    }
+
+
+@dataclass(frozen=True)
+class _RunSettings:
+    """What every timed row shares: device, warm-up and timed iterations, dtypes, the peak (or
+    why there is none) and the progress callback."""
+
+    device: str
+    warmup: int
+    iters: int
+    weight_dtype: str
+    kv_dtype: str
+    peak: Any
+    no_peak_reason: str | None
+    say: Any
+
+
+def _prefill_rows(runner: "_Runner", gen, spec: ModelSpec, prompt_lens, run: _RunSettings) -> list[dict]:
+    """One timed prefill row per prompt length (batch 1, fresh cache); an OOM row says so."""
+    from diagnose.collectors import torch_collector as tc
+
+    rows: list[dict] = []
+    for s in prompt_lens:
+        run.say(f"prefill S={s}")
+        ids = runner.ids(gen, 1, s)
+        samples, error = None, None
+        try:
+            for _ in range(run.warmup):
+                runner.prefill(ids)
+            marker = tc.prefill_marker(1, s)
+            run_once = functools.partial(runner.prefill, ids)
+            samples = [runner.timed(run_once, marker) for _ in range(run.iters)]
+        except (RuntimeError, MemoryError) as exc:
+            if not (isinstance(exc, MemoryError) or _is_oom(exc)):
+                raise
+            error = f"{run.device} out of memory: {tc._one_line(exc)}"
+            samples = None
+        ids = run_once = None
+        _free(run.device)
+        rows.append(
+            _row("prefill", 1, s, None, prefill_analytic(spec, s, run.weight_dtype, run.kv_dtype),
+                 samples, error, run.peak, run.no_peak_reason, run.warmup)
+        )
+    return rows
+
+
+def _decode_rows(runner: "_Runner", gen, spec: ModelSpec, batches, contexts, run: _RunSettings) -> list[dict]:
+    """One timed decode row per (batch, context): a static cache filled to ``context`` tokens,
+    every timed step at exactly that context (rewound after each); an OOM row says so."""
+    from diagnose.collectors import torch_collector as tc
+
+    rows: list[dict] = []
+    for b in batches:
+        for c in contexts:
+            run.say(f"decode B={b} ctx={c}")
+            samples, error, cache = None, None, None
+            try:
+                cache = runner.static_cache(b, c + 1)
+                nxt = runner.fill(cache, runner.ids(gen, b, c))
+                state = {"ids": nxt}
+
+                def step() -> None:
+                    state["ids"] = runner.decode(state["ids"], cache, c)
+
+                def rewind() -> None:
+                    _rewind(cache, c)
+
+                for _ in range(run.warmup):
+                    step()
+                    rewind()
+                marker = tc.decode_marker(b, c)
+                samples = [runner.timed(step, marker, after=rewind) for _ in range(run.iters)]
+            except (RuntimeError, MemoryError) as exc:
+                if not (isinstance(exc, MemoryError) or _is_oom(exc)):
+                    raise
+                error = f"{run.device} out of memory: {tc._one_line(exc)}"
+                samples = None
+            cache = None
+            _free(run.device)
+            rows.append(
+                _row("decode", b, None, c, decode_analytic(spec, b, c, run.weight_dtype, run.kv_dtype),
+                     samples, error, run.peak, run.no_peak_reason, run.warmup)
+            )
+    return rows
+
+
+def _perplexity(model, ppl_ids, perplexity_text: str | None, model_path: str | None, device: str, say) -> dict | None:
+    """The perplexity entry of the results: None without text; a reason with random weights."""
+    ppl = None
+    if perplexity_text is not None:
+        if model_path is None:
+            ppl = {
+                "value": None,
+                "text": perplexity_text,
+                "tokens": None,
+                "window": None,
+                "reason": "perplexity is meaningless with random weights (--config); pass --model PATH with real weights",
+            }
+        else:
+            say("perplexity")
+            ppl = perplexity_from_ids(model, ppl_ids, device)
+            ppl["text"] = perplexity_text
+    return ppl
+
+
 def _free(device: str) -> None:
     import gc
 
@@ -644,89 +692,6 @@ def _free(device: str) -> None:
         import torch
 
         torch.cuda.empty_cache()
-
-
-# -- perplexity ---------------------------------------------------------------------
-
-
-def perplexity_token_ids(model_path: str, text_path: str) -> Any:
-    """Token ids (1-D LongTensor) of a text file, from the tokenizer stored with the model.
-
-    Raises:
-        DiagnoseError: unreadable text, tokenizer not loadable, or fewer than 2 tokens.
-    """
-    from transformers import AutoTokenizer
-
-    try:
-        with open(text_path, encoding="utf-8") as fh:
-            text = fh.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DiagnoseError(f"cannot read --perplexity-text {text_path!r}: {_one_line_of(exc)}") from None
-    local = os.path.exists(model_path)
-    try:
-        tok = AutoTokenizer.from_pretrained(model_path, local_files_only=local)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DiagnoseError(f"cannot load the tokenizer of {model_path!r}: {_one_line_of(exc)}") from None
-    ids = tok(text, return_tensors="pt", verbose=False)["input_ids"][0]
-    if ids.numel() < 2:
-        raise DiagnoseError(f"--perplexity-text {text_path!r} has fewer than 2 tokens")
-    return ids
-
-
-def perplexity_from_ids(model: Any, ids: Any, device: str, window: int | None = None) -> dict:
-    """Perplexity of ``model`` over token ids ``ids`` (1-D).
-
-    The ids are cut into consecutive windows of ``window`` predicted tokens (default
-    :data:`PERPLEXITY_WINDOW`, capped at ``max_position_embeddings - 1``); each forward
-    sees ``window + 1`` tokens, so every token after the first is predicted exactly once,
-    from at most ``window`` tokens of left context. Perplexity = exp(total negative
-    log-likelihood / predicted tokens), log-softmax in fp32.
-
-    Returns:
-        ``{"value", "nll_mean", "tokens" (predicted), "window", "text": None, "reason": None}``.
-    """
-    import torch
-
-    if window is None:
-        window = PERPLEXITY_WINDOW
-        max_pos = getattr(model.config, "max_position_embeddings", None)
-        if isinstance(max_pos, int) and max_pos > 1:
-            window = min(window, max_pos - 1)
-    nll_sum = 0.0
-    count = 0
-    n = int(ids.numel())
-    with torch.inference_mode():
-        for start in range(0, n - 1, window):
-            chunk = ids[start : start + window + 1].unsqueeze(0).to(device)
-            logits = model(input_ids=chunk, use_cache=False).logits[0, :-1].float()
-            targets = chunk[0, 1:]
-            nll = torch.nn.functional.cross_entropy(logits, targets, reduction="sum")
-            nll_sum += float(nll)
-            count += int(targets.numel())
-    mean = nll_sum / count
-    return {"value": math.exp(mean), "nll_mean": mean, "tokens": count, "window": window, "text": None, "reason": None}
-
-
-def perplexity_of_text(model: Any, model_path: str, text_path: str, device: str, window: int | None = None) -> dict:
-    """Perplexity of ``model`` over a text file, tokenized with the model's own tokenizer
-    (:func:`perplexity_token_ids` then :func:`perplexity_from_ids`); ``text`` is set to
-    ``text_path``.
-
-    Raises:
-        DiagnoseError: unreadable text, tokenizer not loadable, or fewer than 2 tokens.
-    """
-    out = perplexity_from_ids(model, perplexity_token_ids(model_path, text_path), device, window)
-    out["text"] = text_path
-    return out
-
-
-def _one_line_of(exc: BaseException) -> str:
-    from diagnose.collectors.torch_collector import _one_line
-
-    return _one_line(exc)
-
-
-# -- output -------------------------------------------------------------------------
 
 
 def write_results(results: dict, out: str) -> None:

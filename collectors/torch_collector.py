@@ -259,23 +259,8 @@ def collect_torch(
         meta = _metadata(
             model, device, dtype, batch, prompt_len, decode_steps, cuda_graph, warmup, seed
         )
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if is_cuda:
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        markers: list[str] = []
-        wall_ms: list[float] = []
-        with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
-            name = prefill_marker(batch, prompt_len)
-            with _step(name, is_cuda, wall_ms):
-                ids, cache = prefill(new_cache())
-            markers.append(name)
-            for i in range(decode_steps):
-                name = decode_marker(batch, prompt_len + i)
-                with _step(name, is_cuda, wall_ms):
-                    ids, cache = decode(ids, cache)
-                markers.append(name)
-            # Must happen while the profiler is active: added after stop, it is dropped.
-            prof.add_metadata_json(METADATA_KEY, json.dumps(meta, default=str))
+        prof, markers, wall_ms = _profile_steps(lambda: prefill(new_cache()), decode, batch, prompt_len, decode_steps,
+                                                is_cuda, meta)
 
     size = _export(prof, out)
     return {
@@ -286,6 +271,33 @@ def collect_torch(
         "step_wall_ms": wall_ms,
         "metadata": meta,
     }
+
+
+def _profile_steps(prefill, decode, batch: int, prompt_len: int, decode_steps: int, is_cuda: bool,
+                   meta: dict) -> tuple[Any, list[str], list[float]]:
+    """One prefill and ``decode_steps`` decode steps under torch.profiler, each inside its step
+    marker (:func:`prefill_marker`, :func:`decode_marker`), with ``meta`` stored in the trace:
+    (the profiler, the marker names, each step's host wall ms)."""
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if is_cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    markers: list[str] = []
+    wall_ms: list[float] = []
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        name = prefill_marker(batch, prompt_len)
+        with _step(name, is_cuda, wall_ms):
+            ids, cache = prefill()
+        markers.append(name)
+        for i in range(decode_steps):
+            name = decode_marker(batch, prompt_len + i)
+            with _step(name, is_cuda, wall_ms):
+                ids, cache = decode(ids, cache)
+            markers.append(name)
+        # Must happen while the profiler is active: added after stop, it is dropped.
+        prof.add_metadata_json(METADATA_KEY, json.dumps(meta, default=str))
+    return prof, markers, wall_ms
 
 
 @contextlib.contextmanager
