@@ -369,13 +369,13 @@ def kv_plan(spec: ModelSpec | None, seq_len: int, batch: int = 1, *, layers: int
     """KV-cache bytes per token, sequence and batch, and how many sequences fit: the one
     function behind ``diagnose kv-budget`` and the web KV page.
 
-    KV bytes per token = 2 * L * n_kv * d * bytes per element (domain.md section 2); from the
+    KV bytes per token = 2 * L * n_kv * d * bytes per element (docs/prefill-decode.md section 2); from the
     config, MLA layers cache kv_lora_rank + qk_rope_head_dim per token and sliding-window
     layers hold at most their window of each sequence. With ``tp``, per rank: max(1, n_kv /
     tp) KV heads (vLLM). Weights: the config's (quantization-aware, :func:`model_weights`;
     ``weight_dtype`` overrides), else ``weights_gb``. With ``memory_gb`` (or
     ``kv_memory_gib``): ceiling = floor(KV memory / KV per sequence), usable =
-    floor(0.75 * ceiling) after fragmentation (domain.md section 3; :func:`kv_budget`).
+    floor(0.75 * ceiling) after fragmentation (docs/prefill-decode.md section 3; :func:`kv_budget`).
 
     Args:
         spec: the model config, or None (then ``layers``, ``kv_heads``, ``head_dim``).
