@@ -96,10 +96,11 @@ from diagnose.accounting.cost import (  # noqa: F401
     prefill_bound_s,
     ridge_point_flop_per_byte,
 )
-from diagnose.accounting.bounds import bounds_table  # noqa: F401  (after cost: it uses the roofline)
+from diagnose.accounting.bounds import bounds_table, default_kv_dtype  # noqa: F401  (after cost: it uses the roofline)
 
 __all__ = [
     "bounds_table",
+    "default_kv_dtype",
     "KvPlan",
     "kv_plan",
     "GB",
