@@ -181,10 +181,16 @@ PIPELINE = {"diagnose.pipeline", "diagnose.gate", "diagnose.compare", "diagnose.
             "diagnose.notebook", "diagnose.catalog"}
 
 
+#: Input readers outside ``trace/`` (the trace layer): ``archive`` unpacks a tar of traces.
+TRACE_INPUTS = {"diagnose.archive"}
+
+
 def layer_of(module: str) -> int:
     """The layer index of a project module (:data:`LAYERS`)."""
     if module in BASE or module.startswith("diagnose.accounting"):
         return 0
+    if module in TRACE_INPUTS:
+        return 1
     for prefix, i in (("diagnose.trace", 1), ("diagnose.analyzers", 2), ("diagnose.engine", 4)):
         if module == prefix or module.startswith(prefix + "."):
             return i
@@ -251,6 +257,7 @@ def test_size_exceptions_are_still_needed():
         assert p.read_text(encoding="utf-8").count("\n") > MAX_FILE_LINES, f"{rel} is within the limits: drop its exception"
 
 
+@pytest.mark.slow
 def test_no_duplicate_code():
     """pylint's duplicate-code check (10 similar lines; imports, docstrings, comments and
     signatures ignored) finds nothing in diagnose/, app/ and collectors/."""
