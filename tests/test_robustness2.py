@@ -432,20 +432,21 @@ def test_kv_calculator_inputs_bounded(app_state):
         return d["error"]
 
     t0 = time.process_time()
-    assert err("7b", *ref, [], 80, 5, ", ".join(["2048"] * 200_000), "fp16", "bf16") == "context lengths: at most 2,000 characters"
-    assert err("7b", *ref, [], 80, 5, ",".join(["8"] * 65), "fp16", "bf16") == "at most 64 context lengths at once"
+    assert err("7b", "", *ref, [], 80, 5, ", ".join(["2048"] * 200_000), "fp16", "bf16") == "context lengths: at most 2,000 characters"
+    assert err("7b", "", *ref, [], 80, 5, ",".join(["8"] * 65), "fp16", "bf16") == "at most 64 context lengths at once"
     assert time.process_time() - t0 < 1.0
-    assert err("7b", *ref, [], 80, 5, "2000000000", "fp16", "bf16") == "context '2000000000': at most 1,000,000,000 tokens"
-    assert err("custom", 1e308, *ref[1:], [], 80, 5, "2048", "fp16", "bf16") == \
+    assert err("7b", "", *ref, [], 80, 5, "2000000000", "fp16", "bf16") == "context '2000000000': at most 1,000,000,000 tokens"
+    assert err("custom", "", 1e308, *ref[1:], [], 80, 5, "2048", "fp16", "bf16") == \
         "layers (num_hidden_layers) must be a number from 0 to 10,000,000, got 1e+308"
-    assert err("custom", *ref[:6], float("nan"), [], 80, 5, "2048", "fp16", "bf16") == \
+    assert err("custom", "", *ref[:6], float("nan"), [], 80, 5, "2048", "fp16", "bf16") == \
         "vocab_size must be a number from 0 to 10,000,000, got nan"
-    assert err("7b", *ref, [], float("inf"), 5, "2048", "fp16", "bf16") == \
+    assert err("7b", "", *ref, [], float("inf"), 5, "2048", "fp16", "bf16") == \
         "device memory (GB) must be a number from 0 to 1,000,000, got inf"
-    assert err("7b", *ref, [], 80, -1e308, "2048", "fp16", "bf16") == \
+    assert err("7b", "", *ref, [], 80, -1e308, "2048", "fp16", "bf16") == \
         "overhead (GB) must be a number from 0 to 1,000,000, got -1e+308"
-    assert err("7b", *ref, [], 80, 5, "2048", "fp99", "bf16") == "KV dtype must be one of fp32, fp16, bf16, fp8, int8, int4"
-    ok = kv_view("7b", *ref, [], 80, 5, ",".join(["2k"] * 64), "fp16", "bf16")
+    assert err("7b", "", *ref, [], 80, 5, "2048", "fp99", "bf16") == "KV dtype must be one of fp32, fp16, bf16, fp8, int8, int4"
+    ok = kv_view("7b", "", *ref, [], 80, 5, ",".join(["2k"] * 64), "fp16", "bf16")
+    assert err("file", "x" * 3000, *ref, [], 80, 5, "2048", "fp16", "auto") == "give a config.json path (or a shipped config name)"
     assert ok["ok"] and len(ok["rows"]) == 64 and ok["kv_bytes_per_token"] == 2 * 32 * 8 * 128 * 2
 
 

@@ -185,6 +185,6 @@ def test_parity_with_phase_attainment_when_present(kineto, tmp_path) -> None:
     r = roofline(f, b, 0.022, peak)
     for key in ("flops", "bytes", "achieved_tflops", "achieved_tbps", "mfu", "mbu", "arithmetic_intensity",
                 "bound", "bound_ratio", "peak_tflops", "peak_tbps"):
-        assert out[key] == getattr(r, key), key
-    assert out["bound_s"] == r.bound_s
+        assert getattr(out, key) == getattr(r, key), key
+    assert out.bound_s == r.bound_s
     assert math.isclose(r.bound_s, sum(x / 3.35e12 for x in b), rel_tol=1e-12)
