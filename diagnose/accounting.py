@@ -35,7 +35,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from diagnose.errors import DiagnoseError
+from diagnose.inputs import check_model_sizes, parsing, read_text_file
 
 #: Bytes in one GB (decimal) and one GiB (binary). docs/prefill-decode.md "Units".
 GB = 10**9
@@ -347,22 +347,19 @@ def _module_excluded(names: tuple[str, ...], patterns: tuple[str, ...]) -> bool:
     the name's start as a regex; compressed-tensors ``re:`` patterns are regexes searched in
     the name.
     """
+    from diagnose.patterns import outside_pattern
+
     for p in patterns:
+        rx = outside_pattern(p[3:] if p.startswith("re:") else p)  # None: invalid, or nested repeats
         for name in names:
             if p.startswith("re:"):
-                try:
-                    if re.search(p[3:], name):
-                        return True
-                except re.error:
-                    continue
+                if rx is not None and rx.search(name):
+                    return True
                 continue
             if f"{p}." in name or name.endswith(p):
                 return True
-            try:
-                if re.match(p, name):
-                    return True
-            except re.error:
-                continue
+            if rx is not None and rx.match(name):
+                return True
     return False
 
 
@@ -559,10 +556,12 @@ class ModelSpec:
             UnsupportedModelConfig: a key that changes bytes or FLOPs is not modelled
                 (:data:`UNSUPPORTED_KEYS`, unknown ``quant_method`` or ``layer_types``).
             DiagnoseError: a required key is missing or not a positive integer (one-line
-                message naming the key), or the config is not a JSON object.
+                message naming the key), a size beyond :data:`diagnose.inputs.MODEL_SIZE_BOUNDS`,
+                or the config is not a JSON object.
         """
         if not isinstance(cfg, Mapping):
             raise DiagnoseError("model config must be a JSON object")
+        check_model_sizes(cfg, "model config")
         src: Mapping[str, Any] = cfg
         text = cfg.get("text_config")
         if isinstance(text, Mapping) and any(k not in cfg for k in _REQUIRED_KEYS):
@@ -777,11 +776,7 @@ def read_model_config(path_or_name: str) -> tuple[dict[str, Any], str]:
     """
     p = Path(path_or_name)
     if p.is_file():
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or exc.__class__.__name__
-            raise DiagnoseError(f"cannot read model config {path_or_name}: {reason}") from None
+        text = read_text_file(p, "model config")  # size bound, byte-order marks
         where = str(path_or_name)
         default_name = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
     else:
@@ -798,7 +793,8 @@ def read_model_config(path_or_name: str) -> tuple[dict[str, Any], str]:
         where = f"shipped config {key}"
         default_name = key
     try:
-        cfg = json.loads(text)
+        with parsing(f"model config {where}"):
+            cfg = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DiagnoseError(f"model config {where} is not JSON: {exc.msg} at line {exc.lineno}") from None
     if not isinstance(cfg, dict):

@@ -12,12 +12,12 @@ one grep apart. ``docs/rules.md`` documents the catalog.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Mapping
 
 from diagnose.analyzers import ANALYZERS
 from diagnose.analyzers.base import declared, quality_counts, sanitize_code
 from diagnose.errors import DiagnoseError
+from diagnose.inputs import parsing, read_text_file
 from diagnose.numeric import Number, num
 from diagnose.vocab import PHASES, QUALITY_CODES, STEP_PHASES, UNRELIABLE_CODES
 
@@ -198,14 +198,10 @@ def load_metrics(path: str) -> Findings:
     Raises:
         DiagnoseError: missing, unreadable or not a JSON object.
     """
+    text = read_text_file(path, "metrics file")  # size bound, byte-order marks
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DiagnoseError(f"metrics file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise DiagnoseError(f"cannot read metrics file {path}: {getattr(e, 'strerror', None) or type(e).__name__}") from None
-    try:
-        data = json.loads(text)
+        with parsing(f"metrics file {path}"):
+            data = json.loads(text)
     except json.JSONDecodeError as e:
         raise DiagnoseError(f"metrics file {path} is not JSON: {e.msg} at line {e.lineno}") from None
     return findings_from_metrics(data)

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 from diagnose.compare import unreliable_reasons
 from diagnose.engine import RuleSet, Verdicts, evaluate
 from diagnose.errors import DiagnoseError
+from diagnose.inputs import finite_number
 from diagnose.findings import Findings, findings_from_report, labels_from_report, unreliable_findings
 from diagnose.vocab import UNREPRESENTATIVE_TRACE_TYPES
 
@@ -69,9 +70,13 @@ def gate_report(report: Mapping[str, Any], ruleset: RuleSet, phases: Sequence[st
     """Gate one JSON report (see the module docstring for the decisions).
 
     Raises:
-        DiagnoseError: ``device`` is not in the report.
+        DiagnoseError: ``device`` is not in the report, or a limit is not a finite share in [0, 1].
     """
     limit = launch_limit(ruleset) if max_launch_gap_share is None else max_launch_gap_share
+    # NaN compares false with everything: a NaN limit would pass any measurement
+    finite_number(limit, "max_launch_gap_share", lo=0, hi=1)
+    if max_idle_share is not None:
+        finite_number(max_idle_share, "max_idle_share", lo=0, hi=1)
     unreliable = unreliable_findings(report, device)
     findings = findings_from_report(report, device, include_unreliable=allow_partial)
     findings.update(metrics or {})

@@ -22,6 +22,7 @@ import pandas as pd
 
 from diagnose.analyzers.base import Context
 from diagnose.errors import DiagnoseError
+from diagnose.patterns import check_pattern, clip
 from diagnose.trace.kineto import parse_input_dims
 from diagnose.trace.model import NO_TIME, Trace, factorize
 
@@ -59,10 +60,7 @@ def user_grammars(specs: tuple[str, ...] | list[str]) -> list[Grammar]:
             raise DiagnoseError(f"--phase {phase}: empty regex (it would match every range)")
         if phase not in PHASES:
             raise DiagnoseError(f"--phase: unknown phase {phase!r}; use one of {', '.join(PHASES)}")
-        try:
-            pat = re.compile(rx)
-        except re.error as e:
-            raise DiagnoseError(f"--phase {phase}: invalid regex {rx!r} ({e})") from None
+        pat = check_pattern(rx, f"--phase-regex {phase}")  # matched on a bounded prefix of each name (match_marker)
         out.append(Grammar(f"user:{phase}:{len(out)}", pat, fixed_phase=phase))
     return out
 
@@ -73,7 +71,10 @@ def _int(gd: dict, key: str) -> int | None:
 
 
 def match_marker(name: str, grammars) -> dict | None:
-    """Return {phase, grammar, batch, tokens, context} for a step-marker name, else None."""
+    """Return {phase, grammar, batch, tokens, context} for a step-marker name, else None.
+    The first :data:`~diagnose.patterns.MATCH_PREFIX_CHARS` characters of the name are read
+    (user regexes may backtrack: the work per name stays bounded)."""
+    name = clip(name)
     for g in grammars:
         m = g.pattern.search(name)
         if not m:

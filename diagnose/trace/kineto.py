@@ -335,8 +335,8 @@ def _split_top(path: str, buf: bytes, lenient: bool = False) -> tuple[dict[str, 
     head = buf[:64].lstrip()
     if not head:
         raise TraceFormatError(f"{path}: empty file")
-    if head[:1] not in (b"{", b"["):
-        raise TraceFormatError(f"{path}: not a JSON trace (expected a Kineto/Chrome trace object)")
+    if head[:1] not in (b"{", b"[") or head[1:2] == b"\x00":
+        raise TraceFormatError(f"{path}: not a JSON trace (expected a Kineto/Chrome trace object){_encoding_hint(head)}")
     for _attempt in range(4):
         if head[:1] == b"[":
             try:
@@ -380,6 +380,16 @@ def _split_top(path: str, buf: bytes, lenient: bool = False) -> tuple[dict[str, 
         where = f" at {_where(buf, pos)}" if pos is not None else ""
         raise TraceFormatError(f"{path}: invalid JSON{where} ({msg})") from None
     raise TraceFormatError(f"{path}: invalid JSON ({err})") from None
+
+
+def _encoding_hint(head: bytes) -> str:
+    """What a document that is not UTF-8 JSON looks like it is in (UTF-16/32 without a
+    byte-order mark: every other byte zero), for the error message."""
+    if len(head) >= 4 and head[1:2] == b"\x00" and head[3:4] == b"\x00":
+        return ": it looks like UTF-16 or UTF-32 text without a byte-order mark; save it as UTF-8"
+    if len(head) >= 2 and head[0:1] == b"\x00":
+        return ": it looks like big-endian UTF-16 or UTF-32 text without a byte-order mark; save it as UTF-8"
+    return ""
 
 
 def _recover_truncated(buf: bytes, max_tries: int = 64) -> tuple[dict[str, msgspec.Raw], int] | None:
