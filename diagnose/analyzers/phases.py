@@ -215,7 +215,8 @@ DECODE_MAX_QUERY = 16  # a query this short against a longer key set reads a KV 
 
 
 def _is_int_list(x, n_min: int) -> bool:
-    return isinstance(x, list) and len(x) >= n_min and all(isinstance(v, int) for v in x)
+    """A shape of at least ``n_min`` sizes, none negative (symbolic or crafted sizes vote for nothing)."""
+    return isinstance(x, list) and len(x) >= n_min and all(isinstance(v, int) and v >= 0 for v in x)
 
 
 def _shape_ops(trace: Trace) -> pd.DataFrame:
