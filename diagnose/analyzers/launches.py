@@ -161,10 +161,76 @@ def run(ctx: Context) -> None:
     if unlinked:
         ctx.note("unlinked_kernels", f"{unlinked} of {len(gpu)} GPU activities have no host launch call with their correlation id; gaps before them are 'unattributed'", unlinked)
     _clock_skew(ctx, launches)
+    _orphan_launches(ctx)
     graph = kind == "graph_launch"
     if graph.any():
         n_launch = int(pd.unique(gpu["correlation"].to_numpy()[graph]).size)
         ctx.note("graph_kernels_no_launch", f"{int(graph.sum())} kernels replayed from {n_launch} graph launch(es): no per-kernel launch call; op-level attribution unavailable for them", int(graph.sum()))
+
+
+def _orphan_launches(ctx: Context) -> None:
+    """Kernel launch calls (api kind ``launch``, with a correlation id) that no GPU record
+    answers: the profiler dropped their activity (libkineto drops records outside its window
+    or when a buffer overflows, pytorch#192021). Noted (``orphan_launches``, with where they
+    sit: before the first answered launch, after the last, or in between) and their start
+    times kept for the latency analyzer (``ctx.extra["_orphan_launch_ns"]``: a step holding
+    one is incomplete)."""
+    rt, gpu = ctx.trace.runtime, ctx.trace.gpu
+    if len(rt) == 0 or len(gpu) == 0:
+        return
+    corr = rt["correlation"].to_numpy()
+    launch = (rt["api_kind"].to_numpy(dtype=object) == "launch") & (corr >= 0)
+    if not launch.any():
+        return
+    answered = pd.Series(corr, copy=False).isin(gpu["correlation"].to_numpy()).to_numpy()
+    orphan = launch & ~answered
+    starts = rt["start_ns"].to_numpy()
+    if orphan.any():
+        orphan &= ~_in_capture(rt, starts)  # launches into a graph being captured run nothing
+    if not orphan.any():
+        return
+    o = starts[orphan]
+    ok = starts[launch & answered]
+    k = int(orphan.sum())
+    if len(ok) == 0:
+        where = "no launch of the trace has one"
+    elif o.max() < ok.min():
+        where = "all at trace start (before the first launch that has one)"
+    elif o.min() > ok.max():
+        where = "all at trace end (after the last launch that has one)"
+    else:
+        first, last = int((o < ok.min()).sum()), int((o > ok.max()).sum())
+        where = (f"{first} at trace start, {last} at its end, {k - first - last} in between" if first or last
+                 else f"in the middle of the trace (the first {(o.min() - min(starts.min(), gpu['start_ns'].min())) / 1e6:.3f} ms from its start)")
+    ctx.note("orphan_launches", f"{k} kernel launch{'' if k == 1 else 'es'} have no GPU kernel, {where}: the profiler dropped "
+             "their records; steps holding one are left out of the per-step numbers", k)
+    ctx.extra["_orphan_launch_ns"] = o
+
+
+_CAPTURE_CALL = re.compile(r"StreamBeginCapture|StreamEndCapture", re.I)
+
+
+def _in_capture(rt: pd.DataFrame, starts: np.ndarray) -> np.ndarray:
+    """Whether each runtime call starts inside a stream capture (from a ``*StreamBeginCapture``
+    call's start to the next ``*StreamEndCapture``'s end): its launches are recorded into a
+    graph, never executed, so they have no GPU record by design."""
+    out = np.zeros(len(rt), dtype=bool)
+    names = rt["name"]
+    kind = per_unique(names, lambda u: 1 if "begin" in str(u).lower() and _CAPTURE_CALL.search(str(u))
+                      else 2 if _CAPTURE_CALL.search(str(u)) else 0, dtype=np.int8)
+    if not kind.any():
+        return out
+    ends = rt["end_ns"].to_numpy()
+    opened = None
+    for i in np.argsort(starts, kind="stable")[kind[np.argsort(starts, kind="stable")] > 0]:
+        if kind[i] == 1 and opened is None:
+            opened = starts[i]
+        elif kind[i] == 2 and opened is not None:
+            out |= (starts >= opened) & (starts <= ends[i])
+            opened = None
+    if opened is not None:
+        out |= starts >= opened
+    return out
 
 
 #: A GPU activity that starts this long before its launch call starts cannot be real: clock

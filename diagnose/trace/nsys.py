@@ -826,7 +826,9 @@ def _load(db: _Db, path: str) -> Trace:
     if loss:
         trace.partial = True
         trace.note("nsys_diagnostic_data_loss", f"nsys reported lost trace data: {loss[0]}", len(loss))
-    return trace
+    from diagnose.trace.ranks import label_process_ranks
+
+    return label_process_ranks(trace)  # several processes with GPU work: one rank each (TP jobs)
 
 
 def _drop_negative(df: pd.DataFrame, notes: _Notes) -> pd.DataFrame:
