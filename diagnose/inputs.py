@@ -94,10 +94,12 @@ def read_text_file(path: str | Path, what: str, max_bytes: int = MAX_SIDE_FILE_B
 def parsing(what: str) -> Iterator[None]:
     """Run a parser, turning its recursion and memory errors into one line naming ``what``:
     JSON or YAML nested thousands of levels deep exhausts Python's recursion limit (json,
-    PyYAML's composer, msgspec's guard), and a document can ask for more memory than there is.
+    PyYAML's composer, msgspec's guard), a document can ask for more memory than there is,
+    and Python refuses to read integers of over 4,300 digits.
 
     Raises:
-        DiagnoseError: the parser raised RecursionError or MemoryError.
+        DiagnoseError: the parser raised RecursionError, MemoryError, or ValueError for an
+            integer too long (other errors, JSONDecodeError included, pass through).
     """
     try:
         yield
@@ -105,6 +107,10 @@ def parsing(what: str) -> Iterator[None]:
         raise DiagnoseError(f"{what}: nested too deeply to parse (thousands of levels of lists/objects)") from None
     except MemoryError:
         raise DiagnoseError(f"{what}: too large to parse in the memory available") from None
+    except ValueError as e:  # Python refuses integers of over 4,300 digits (CVE-2020-10735)
+        if "digits" not in str(e) or type(e).__name__ == "JSONDecodeError":
+            raise
+        raise DiagnoseError(f"{what}: holds a number thousands of digits long") from None
 
 
 def finite_number(value: Any, what: str, *, lo: float | None = None, hi: float | None = None,

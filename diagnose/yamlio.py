@@ -66,3 +66,7 @@ def load_user_yaml(text: str | bytes, max_bytes: int = MAX_USER_YAML_BYTES) -> A
         return yaml.load(text, Loader=_NoAliasLoader)
     except RecursionError:  # a parser stage that recurses before the composer's depth check
         raise yaml.YAMLError(f"nested deeper than {MAX_YAML_DEPTH} levels") from None
+    except ValueError as e:  # Python refuses integers of over 4,300 digits
+        if "digits" not in str(e):
+            raise
+        raise yaml.YAMLError("holds a number thousands of digits long") from None
