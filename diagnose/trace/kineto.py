@@ -369,7 +369,7 @@ def _split_top(path: str, buf: bytes, lenient: bool = False) -> tuple[dict[str, 
     if not head:
         raise TraceFormatError(f"{path}: empty file")
     if head[:1] not in (b"{", b"[") or head[1:2] == b"\x00":
-        raise TraceFormatError(f"{path}: not a JSON trace (expected a Kineto/Chrome trace object){_encoding_hint(head)}")
+        raise TraceFormatError(f"{path}: not a JSON trace (expected a Kineto/Chrome trace object){_encoding_hint(bytes(buf[:8]))}")
     for _attempt in range(4):
         if head[:1] == b"[":
             try:
@@ -420,7 +420,7 @@ def _encoding_hint(head: bytes) -> str:
     byte-order mark: every other byte zero), for the error message."""
     if len(head) >= 4 and head[1:2] == b"\x00" and head[3:4] == b"\x00":
         return ": it looks like UTF-16 or UTF-32 text without a byte-order mark; save it as UTF-8"
-    if len(head) >= 2 and head[0:1] == b"\x00":
+    if len(head) >= 4 and head[0:1] == b"\x00" and head[2:3] == b"\x00":
         return ": it looks like big-endian UTF-16 or UTF-32 text without a byte-order mark; save it as UTF-8"
     return ""
 

@@ -260,15 +260,20 @@ def _adbc_modules() -> tuple[Any, Any] | None:
 _ADBC: Any = None
 
 
+class ReaderChoiceError(TraceFormatError, ValueError):
+    """A bad ``reader`` argument or ``DIAGNOSE_NSYS_READER`` value: a ValueError for callers,
+    one ``error:`` line and exit 2 at the command line (the environment is user input)."""
+
+
 def _pick_reader(reader: str | None) -> str:
     want = reader if reader is not None else (os.environ.get(READER_ENV) or "auto")
     want = want.strip().lower()
     if want not in READERS:
-        raise ValueError(f"nsys reader must be one of {', '.join(READERS)}, not {want!r}")
+        raise ReaderChoiceError(f"nsys reader ({READER_ENV} or reader=) must be one of {', '.join(READERS)}, not {want[:40]!r}")
     if want == "auto":
         return "adbc" if adbc_available() else "sqlite3"
     if want == "adbc" and not adbc_available():
-        raise ValueError("nsys reader 'adbc' needs the adbc-driver-sqlite package (pip install adbc-driver-sqlite)")
+        raise ReaderChoiceError("nsys reader 'adbc' needs the adbc-driver-sqlite package (pip install adbc-driver-sqlite)")
     return want
 
 
