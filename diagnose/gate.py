@@ -70,13 +70,13 @@ def gate_report(report: Mapping[str, Any], ruleset: RuleSet, phases: Sequence[st
     """Gate one JSON report (see the module docstring for the decisions).
 
     Raises:
-        DiagnoseError: ``device`` is not in the report, or a limit is not a finite share in [0, 1].
+        DiagnoseError: ``device`` is not in the report, or a limit is not a finite number.
     """
     limit = launch_limit(ruleset) if max_launch_gap_share is None else max_launch_gap_share
     # NaN compares false with everything: a NaN limit would pass any measurement
-    finite_number(limit, "max_launch_gap_share", lo=0, hi=1)
+    finite_number(limit, "max_launch_gap_share")
     if max_idle_share is not None:
-        finite_number(max_idle_share, "max_idle_share", lo=0, hi=1)
+        finite_number(max_idle_share, "max_idle_share")
     unreliable = unreliable_findings(report, device)
     findings = findings_from_report(report, device, include_unreliable=allow_partial)
     findings.update(metrics or {})
