@@ -580,3 +580,20 @@ def test_b23_nsys_null_nvtx_ends_and_start_end_ranges(tmp_path):
     # prefill: five 40 µs kernels 70 µs apart: from 20 µs to 340 µs after its start
     assert d["latency"]["ttft_ms"] == 0.32 and d["latency"]["tpot_samples"] == 2
     assert _codes(d)["nsys_nvtx_unterminated"] == 1  # the push without a pop, not the marks or the domain
+
+
+def test_nsys_integer_column_beyond_int64_is_one_line(tmp_path):
+    """SQLite keeps a 30-digit value of an INTEGER column as REAL 1e30: read as int64 it was
+    garbage (INT64_MIN) with a warning; now one line naming the column (found by the
+    issue-20 fuzz family of 64-bit values in nsys exports)."""
+    import sqlite3
+
+    import test_nsys as T
+
+    p = T.make_db(tmp_path / "big.sqlite", strings={1: "cudaLaunchKernel_v7000", 2: "k"},
+                  kernels=[(1000, 2000, 0, 7, 1, T.GPID, 2, 2)], runtime=[(100, 200, T.gtid(T.PID, T.TID), 1, 1)])
+    con = sqlite3.connect(p)
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET streamId = '999999999999999999999999999999'")
+    con.commit()
+    con.close()
+    _one_error_line(_run("run", "--trace", str(p)), "non-integer value in CUPTI_ACTIVITY_KIND_KERNEL.stream")

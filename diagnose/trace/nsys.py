@@ -429,7 +429,7 @@ class _Db:
                     chunks[a].append((codes, np.asarray(uniques, dtype=object)))
                 else:
                     try:
-                        chunks[a].append(df[a].to_numpy(dtype=np.int64))
+                        chunks[a].append(_int64_column(df[a]))
                     except (TypeError, ValueError):
                         raise TraceFormatError(
                             f"{self.path}: non-integer value in {table}.{a}"
@@ -539,6 +539,21 @@ class _Db:
         rows = self.con.execute(f'SELECT DISTINCT "globalPid" FROM {_q(table)}').fetchall()
         g = np.asarray([r[0] for r in rows if isinstance(r[0], int)], dtype=np.int64)
         return np.unique((g >> 24) & _MASK24)
+
+
+def _int64_column(col: pd.Series) -> np.ndarray:
+    """A column read by pandas as int64 (REALs truncated, as SQLite's own cast does). SQLite
+    stores a number too large for INTEGER (a 30-digit value in an integer column) as REAL,
+    and pandas reads NULL as NaN: cast, they would become garbage, so they are refused.
+
+    Raises:
+        ValueError: text, NaN or a value beyond int64 (1e30).
+    """
+    if col.dtype.kind == "f":
+        v = col.to_numpy()
+        if not (np.isfinite(v) & (np.abs(v) < 2.0**63)).all():
+            raise ValueError("not an int64")
+    return col.to_numpy(dtype=np.int64)
 
 
 def _trim_memory() -> None:
