@@ -799,6 +799,7 @@ def read_model_config(path_or_name: str) -> tuple[dict[str, Any], str]:
         raise DiagnoseError(f"model config {where} is not JSON: {exc.msg} at line {exc.lineno}") from None
     if not isinstance(cfg, dict):
         raise DiagnoseError(f"model config {where} must be a JSON object")
+    check_model_sizes(cfg, f"model config {where}")  # here too, to name the file
     name = cfg.get("_name_or_path") or default_name
     return cfg, str(name)
 

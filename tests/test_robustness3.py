@@ -309,7 +309,7 @@ def test_p17_model_config_sizes_are_bounded(tmp_path):
     assert p.stat().st_size < 700
     t0 = time.perf_counter()
     _one_error_line(_run("bounds", "--model-config", str(p), "--gpu", "H100-SXM"),
-                    "model config: num_hidden_layers = 3000000000 is beyond the accepted bound 1,000 (not a real model)")
+                    f"model config {p}: num_hidden_layers = 3000000000 is beyond the accepted bound 1,000 (not a real model)")
     _one_error_line(_run("run", "--trace", str(shared_trace(DECODE)), "--model-config", str(p)), "num_hidden_layers")
     assert time.perf_counter() - t0 < 20
     for key, value, bound in (("hidden_size", 10**7, "1,000,000"), ("num_local_experts", 20_000, "10,000"),
