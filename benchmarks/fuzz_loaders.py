@@ -191,6 +191,10 @@ def main(argv=None) -> int:
     if a.replay is not None:
         print(one_timed(a.replay, a.generator))
         return 0
+    missing = [rel for rel in SEEDS + ([NSYS_SEED] if a.generator == 3 else []) if not (SHARED / rel).exists()]
+    if missing:  # a pool whose initializer fails restarts its workers for ever: fail first
+        print(f"seed traces not found under {SHARED}: {', '.join(missing)}", file=sys.stderr)
+        return 2
     t0 = time.time()
     counts: collections.Counter = collections.Counter()
     by_kind: collections.Counter = collections.Counter()
