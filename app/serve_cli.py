@@ -24,13 +24,24 @@ from diagnose.errors import install_hint
               help="Trace to serve (Kineto JSON or nsys SQLite); repeat for several (two enable Compare).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
 @click.option("--port", default=8050, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="A name or address clients use to reach the server, besides localhost/127.0.0.1/[::1]; "
+                   "repeatable; required with --host 0.0.0.0. Requests with any other Host header get 421.")
 @click.option("--debug", is_flag=True, help="Dash debug mode (reloader off, dev tools on).")
 @analysis_options
 @rule_options
-def serve_command(traces: tuple[str, ...], host: str, port: int, debug: bool, **shared) -> None:
+def serve_command(traces: tuple[str, ...], host: str, port: int, allowed_hosts: tuple[str, ...], debug: bool, **shared) -> None:
     """Serve the interactive report: overview, phases, timeline, kernels, roofline, KV budget, compare.
 
-    ``--port 0`` serves on a free port, printed in the "serving on" line."""
+    ``--port 0`` serves on a free port, printed in the "serving on" line. Every route answers
+    only requests whose Host header is localhost, 127.0.0.1, [::1], the bound address, or a
+    name given with --allowed-host (DNS rebinding guard)."""
+    from diagnose.app.hostcheck import ANY_ADDRESS, CONFIG_NAMES, CONFIG_PORT, allowed_names
+
+    if host.strip() in ANY_ADDRESS and not allowed_hosts:
+        click.echo(f"error: --host {host} binds every interface: give --allowed-host NAME (the name or address clients "
+                   "use to reach this server; repeatable)", err=True)
+        sys.exit(2)
     for t in traces:
         if not os.path.exists(t):
             click.echo(f"error: trace not found: {t}", err=True)
@@ -46,9 +57,12 @@ def serve_command(traces: tuple[str, ...], host: str, port: int, debug: bool, **
     options, rule_opts, _ = split_options(shared)
     ruleset = guarded(load_ruleset)(rule_opts.rules_dir, rule_opts.rules_config, rule_opts.thresholds)
     app = guarded(create_app)(list(traces), options=options, ruleset=ruleset)
+    names = allowed_names(host, allowed_hosts)
     if host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"warning: serving on {host}: anyone who can reach this address sees the report", err=True)
     port = _bindable_port(host, port)  # again: the analysis may have taken minutes
+    app.server.config[CONFIG_NAMES] = names
+    app.server.config[CONFIG_PORT] = port
     click.echo(f"diagnose: serving {len(traces)} trace(s) on http://{host}:{port}/ (Ctrl-C to stop)", err=True)
     app.run(host=host, port=port, debug=debug, use_reloader=False)
 

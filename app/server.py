@@ -36,6 +36,7 @@ import dash_ag_grid as dag
 import pandas as pd
 from dash import Input, Output, State, dcc, html
 
+from diagnose.app import hostcheck
 from diagnose.app import figures as F
 from diagnose.app.timeline import TimelineData, host_lane, parse_relayout, prepare_timeline, timeline_figure
 from diagnose.hardware import describe_devices, describe_peak
@@ -706,7 +707,7 @@ def nav_classes(pathname: str | None) -> list[str]:
 
 def create_app(paths: Sequence[str], analyses: Sequence | None = None, *, title: str = "diagnose",
                max_points: int = 20000, verdicts: bool = True, options: Any = None, ruleset: Any = None,
-               **load_kwargs) -> dash.Dash:
+               allowed_hosts: Sequence[str] = (), **load_kwargs) -> dash.Dash:
     """Build the Dash app for ``paths``.
 
     Args:
@@ -719,6 +720,8 @@ def create_app(paths: Sequence[str], analyses: Sequence | None = None, *, title:
         options: the shared :class:`~diagnose.options.AnalysisOptions` for every trace.
         ruleset: the :class:`~diagnose.engine.RuleSet` for verdicts and the compare page
             (``--threshold``, ``--rules-config``); None for the packaged defaults.
+        allowed_hosts: Host names accepted besides the loopback ones (``--allowed-host``);
+            every other Host gets 421 on every route (:mod:`diagnose.app.hostcheck`).
         **load_kwargs: passed to :func:`load_analyses` (``analyze``, ``progress_threshold_bytes``).
 
     Returns:
@@ -733,6 +736,7 @@ def create_app(paths: Sequence[str], analyses: Sequence | None = None, *, title:
     state = build_state(paths, analyses, verdicts=verdicts, ruleset=ruleset, **load_kwargs)
     app = dash.Dash(__name__, title=title, suppress_callback_exceptions=True, update_title=None,
                     serve_locally=True)
+    hostcheck.install(app.server, hostcheck.allowed_names(None, allowed_hosts))  # every route: DNS rebinding guard
     app.index_string = app.index_string.replace("{%css%}", "{%css%}<style>" + CSS + "</style>")
     app.layout = html.Div([
         dcc.Location(id="url", refresh=False),

@@ -135,7 +135,7 @@ HOST_COLORS = ("#37474f", "#90a4ae", "#c62828")
 #: Runtime calls shorter than this are not drawn on the host lane (launches take ~5-10 µs).
 HOST_MIN_CALL_NS = 20_000
 HOST_MAX_CALLS = 20_000
-_BLOCKING = re.compile(r"synchroniz|eventquery|streamwaitevent|memcpy(?!.*async)|memset(?!.*async)|withstream", re.I)
+_BLOCKING = re.compile(r"synchroniz|eventquery|streamwaitevent|memcpy(?:(?!async|memcpy)[\s\S])*\Z|memset(?:(?!async|memset)[\s\S])*\Z|withstream", re.I)  # linear: see diagnose/data/host_calls.yaml
 
 
 def host_lane(trace: Any, report: dict | None) -> pd.DataFrame:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import click
 
-from diagnose.clitypes import POSITIVE_INT_LIST
+from diagnose.clitypes import POSITIVE_FINITE, POSITIVE_INT_LIST
 from diagnose.collectors.presets import get_preset, preset_names
 from diagnose.errors import DiagnoseError
 
@@ -137,8 +137,8 @@ def _model_kwargs(config, model_path: str | None, device: str, dtype: str) -> di
 @click.option("--warmup", type=int, default=2, show_default=True, help="Untimed iterations per row.")
 @click.option("--iters", type=int, default=10, show_default=True, help="Timed iterations per row.")
 @click.option("--gpu", default=None, help="GPU peak-table row (e.g. H100-SXM); default: from the CUDA device name.")
-@click.option("--peak-tflops", type=float, default=None, help="Dense FP16/BF16 peak, TFLOP/s (overrides the row).")
-@click.option("--bandwidth-tbps", type=float, default=None, help="Memory bandwidth, TB/s (overrides the row).")
+@click.option("--peak-tflops", type=POSITIVE_FINITE, default=None, help="Dense FP16/BF16 peak, TFLOP/s (overrides the row).")
+@click.option("--bandwidth-tbps", type=POSITIVE_FINITE, default=None, help="Memory bandwidth, TB/s (overrides the row).")
 @click.option("--perplexity-text", type=click.Path(dir_okay=False), default=None, help="Text file: also report perplexity (real weights only).")
 @click.option("--out", type=click.Path(dir_okay=False), required=True, help="Results JSON file.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for weights and token ids.")

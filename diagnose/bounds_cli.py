@@ -38,7 +38,8 @@ from diagnose.accounting import (
     read_model_config,
     shipped_model_configs,
 )
-from diagnose.clitypes import POSITIVE_INT_LIST
+from diagnose.clitypes import MAX_BATCH, MAX_TOKENS, NON_NEGATIVE_FINITE, POSITIVE_FINITE, POSITIVE_INT_LIST
+from diagnose.inputs import MODEL_SIZE_BOUNDS
 from diagnose.errors import DiagnoseError
 from diagnose.hardware import peak_from_overrides
 from diagnose.report import fmt
@@ -70,14 +71,14 @@ def _console() -> Console:
 
 
 @click.command("kv-budget")
-@click.option("--layers", type=int, help="num_hidden_layers L (or from --model-config).")
-@click.option("--kv-heads", type=int, help="num_key_value_heads n_kv (or from --model-config).")
-@click.option("--head-dim", type=int, help="head_dim d (or from --model-config).")
-@click.option("--seq-len", type=int, required=True, help="Tokens per sequence (prompt + output).")
-@click.option("--batch", type=int, default=1, show_default=True, help="Concurrent sequences.")
+@click.option("--layers", type=click.IntRange(min=1, max=MODEL_SIZE_BOUNDS["num_hidden_layers"]), help="num_hidden_layers L (or from --model-config).")
+@click.option("--kv-heads", type=click.IntRange(min=1, max=MODEL_SIZE_BOUNDS["num_key_value_heads"]), help="num_key_value_heads n_kv (or from --model-config).")
+@click.option("--head-dim", type=click.IntRange(min=1, max=MODEL_SIZE_BOUNDS["head_dim"]), help="head_dim d (or from --model-config).")
+@click.option("--seq-len", type=click.IntRange(min=1, max=MAX_TOKENS), required=True, help="Tokens per sequence (prompt + output).")
+@click.option("--batch", type=click.IntRange(min=1, max=MAX_BATCH), default=1, show_default=True, help="Concurrent sequences.")
 @click.option(
     "--bytes-per-elem",
-    type=float,
+    type=POSITIVE_FINITE,
     default=2.0,
     show_default=True,
     help="KV element size in bytes: 2 fp16/bf16, 1 int8/fp8, 0.5 int4.",
@@ -95,18 +96,18 @@ def _console() -> Console:
 )
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor-parallel size: KV heads and weights per rank (vLLM sharding).")
-@click.option("--memory-gb", type=float, help="Device memory in GB (1e9 bytes).")
+@click.option("--memory-gb", type=POSITIVE_FINITE, help="Device memory in GB (1e9 bytes).")
 @click.option(
     "--overhead-gb",
-    type=float,
+    type=NON_NEGATIVE_FINITE,
     default=0.0,
     show_default=True,
     help="Runtime overhead in GB (1e9): CUDA context, activations, allocator slack.",
 )
-@click.option("--weights-gb", type=float, help="Weight bytes in GB (1e9) when no --model-config.")
+@click.option("--weights-gb", type=NON_NEGATIVE_FINITE, help="Weight bytes in GB (1e9) when no --model-config.")
 @click.option(
     "--kv-memory-gib",
-    type=float,
+    type=POSITIVE_FINITE,
     help="Memory for the KV cache in GiB (2^30), instead of --memory-gb arithmetic.",
 )
 @click.option("--format", "fmt", type=_FORMATS, default="text", show_default=True)
@@ -206,11 +207,11 @@ def _print_kv(plan: KvPlan) -> None:
 @click.command("bounds")
 @click.option("--model-config", type=str, required=True, help=_model_config_help("the model to bound."))
 @click.option("--gpu", type=str, help="GPU row name (e.g. H100-SXM, A100-80GB-SXM, MI300X).")
-@click.option("--peak-tflops", type=float, help="Dense FP16/BF16 peak in TFLOP/s (1e12); overrides --gpu.")
-@click.option("--bandwidth-tbps", type=float, help="Memory bandwidth in TB/s (1e12 B/s); overrides --gpu.")
+@click.option("--peak-tflops", type=POSITIVE_FINITE, help="Dense FP16/BF16 peak in TFLOP/s (1e12); overrides --gpu.")
+@click.option("--bandwidth-tbps", type=POSITIVE_FINITE, help="Memory bandwidth in TB/s (1e12 B/s); overrides --gpu.")
 @click.option("--batch", "batches", type=POSITIVE_INT_LIST, default="1,8,32,64,128", show_default=True,
               help="Decode batch sizes, comma-separated.")
-@click.option("--context", type=click.IntRange(min=0), default=2048, show_default=True,
+@click.option("--context", type=click.IntRange(min=0, max=MAX_TOKENS), default=2048, show_default=True,
               help="Decode context (tokens in each sequence's cache).")
 @click.option("--prompt-len", "prompt_lens", type=POSITIVE_INT_LIST, default="512,2048,8192", show_default=True,
               help="Prefill prompt lengths, comma-separated.")

@@ -94,8 +94,8 @@ class _Main(OneLineGroup):
 
     # name -> (module, attribute, wrap with guarded())
     LAZY = {
-        "bounds": ("diagnose.bounds_cli", "bounds_command", False),
-        "kv-budget": ("diagnose.bounds_cli", "kv_budget_command", False),
+        "bounds": ("diagnose.bounds_cli", "bounds_command", True),
+        "kv-budget": ("diagnose.bounds_cli", "kv_budget_command", True),
         "collect": ("diagnose.collectors.collect_cli", "collect_group", True),
         "gate": ("diagnose.rules_cli", "gate_command", True),
         "compare": ("diagnose.rules_cli", "compare_command", True),

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import click
 
+from diagnose.clitypes import MAX_BATCH, MAX_TOKENS, MAX_TP, POSITIVE_FINITE
 from diagnose.errors import DiagnoseError
 from diagnose.options import DTYPES, AnalysisOptions, RuleOptions
 
@@ -32,16 +33,16 @@ def analysis_options(fn: Callable | None = None, *, device_help: str | None = No
             click.option("--model-config", default=None, metavar="FILE|NAME",
                          help="Hugging Face config.json of the model, or a shipped model name (see `diagnose bounds --help`); else the trace's metadata."),
             click.option("--gpu", default=None, help="GPU peak-table row, e.g. H100-SXM, A100-80GB-SXM, MI300X (see `diagnose bounds --help`)."),
-            click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None, help="Override the dense FP16/BF16 peak, TFLOP/s."),
-            click.option("--bandwidth-tbps", type=click.FloatRange(min=0, min_open=True), default=None, help="Override the memory bandwidth, TB/s."),
-            click.option("--batch", type=click.IntRange(min=1), default=None, help="Sequences per step, when markers do not say."),
-            click.option("--context", type=click.IntRange(min=1), default=None, help="KV context per sequence in decode steps."),
-            click.option("--prompt-len", type=click.IntRange(min=1), default=None, help="Prompt tokens per sequence in prefill steps."),
+            click.option("--peak-tflops", type=POSITIVE_FINITE, default=None, help="Override the dense FP16/BF16 peak, TFLOP/s."),
+            click.option("--bandwidth-tbps", type=POSITIVE_FINITE, default=None, help="Override the memory bandwidth, TB/s."),
+            click.option("--batch", type=click.IntRange(min=1, max=MAX_BATCH), default=None, help="Sequences per step, when markers do not say."),
+            click.option("--context", type=click.IntRange(min=1, max=MAX_TOKENS), default=None, help="KV context per sequence in decode steps."),
+            click.option("--prompt-len", type=click.IntRange(min=1, max=MAX_TOKENS), default=None, help="Prompt tokens per sequence in prefill steps."),
             click.option("--weight-dtype", type=click.Choice(DTYPES), default=None,
                          help="Weight dtype for bytes (default: the config's quantization, trace metadata, else bf16)."),
             click.option("--kv-dtype", type=click.Choice(DTYPES), default=None,
                          help="KV-cache dtype for bytes (default: the weight dtype when 16/32-bit, else bf16)."),
-            click.option("--tp", type=click.IntRange(min=1), default=None,
+            click.option("--tp", type=click.IntRange(min=1, max=MAX_TP), default=None,
                          help="Tensor-parallel degree of the traced rank (default: the trace's distributedInfo.world_size)."),
             click.option("--capture-trace", type=click.Path(dir_okay=False), default=None, metavar="FILE",
                          help="The CUDA-graph capture trace matching a replay trace: maps replayed kernels to ops and shapes."),

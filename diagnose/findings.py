@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any, Mapping
 
 from msgspec import UNSET
 
 from diagnose.analyzers.base import declared
 from diagnose.errors import DiagnoseError
+from diagnose.inputs import parsing, read_text_file
 from diagnose.model import Findings, PhaseRow, Report, Step, decode_report
 from diagnose.numeric import div, num
 from diagnose.vocab import (
@@ -458,14 +458,10 @@ def load_metrics(path: str) -> Findings:
     Raises:
         DiagnoseError: missing, unreadable or not a JSON object.
     """
+    text = read_text_file(path, "metrics file")  # size bound, byte-order marks
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DiagnoseError(f"metrics file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise DiagnoseError(f"cannot read metrics file {path}: {getattr(e, 'strerror', None) or type(e).__name__}") from None
-    try:
-        data = json.loads(text)
+        with parsing(f"metrics file {path}"):
+            data = json.loads(text)
     except json.JSONDecodeError as e:
         raise DiagnoseError(f"metrics file {path} is not JSON: {e.msg} at line {e.lineno}") from None
     return findings_from_metrics(data)

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 from diagnose.compare import unreliable_reasons
 from diagnose.engine import RuleSet, Verdicts, evaluate
 from diagnose.errors import DiagnoseError
+from diagnose.inputs import finite_number
 from diagnose.findings import Findings, as_report, flatten, labels, report_findings, unreliable_findings
 from diagnose.model import Report
 from diagnose.report import fmt
@@ -67,10 +68,14 @@ def gate_report(report: Report | Mapping[str, Any], ruleset: RuleSet, phases: Se
     """Gate one JSON report (see the module docstring for the decisions).
 
     Raises:
-        DiagnoseError: ``device`` is not in the report.
+        DiagnoseError: ``device`` is not in the report, or a limit is not a finite number.
     """
     report = as_report(report)
     limit = launch_limit(ruleset) if max_launch_gap_share is None else max_launch_gap_share
+    # NaN compares false with everything: a NaN limit would pass any measurement
+    finite_number(limit, "max_launch_gap_share")
+    if max_idle_share is not None:
+        finite_number(max_idle_share, "max_idle_share")
     unreliable = unreliable_findings(report, device)
     # the report's own findings; with --allow-partial, its unreliable numbers too
     findings = flatten(report, device, include_unreliable=True) if allow_partial else report_findings(report, device)

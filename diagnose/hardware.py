@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -87,7 +88,8 @@ class GpuPeak:
 
 
 def _positive_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
+    """A positive finite number (inf would make every MFU/MBU 0; NaN passes no comparison)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < math.inf
 
 
 @functools.lru_cache(maxsize=1)
@@ -257,7 +259,7 @@ def peak_from_overrides(
     """
     for value, flag in ((peak_tflops, "--peak-tflops"), (bandwidth_tbps, "--bandwidth-tbps")):
         if value is not None and not _positive_number(value):
-            raise DiagnoseError(f"{flag} must be a positive number, got {value!r}")
+            raise DiagnoseError(f"{flag} must be a positive finite number, got {value!r}")
     if gpu is not None:
         base = gpu_by_name(gpu)
     else:

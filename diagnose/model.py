@@ -329,7 +329,8 @@ class Step(Record, kw_only=True):
     anchor_ns: int
     gpu_span_ms: float | None
     gpu_busy_ms: float | None
-    own_ms: float
+    #: None when the step is incomplete or its GPU work is not its own (see quality)
+    own_ms: float | None
     waits: list[Wait]
     idle_by_cause_ms: dict[GapCause, NonNegative]
     gpu_start_ns: int | None

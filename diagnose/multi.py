@@ -94,7 +94,7 @@ def _is_sidecar(path: str) -> bool:
         return False
     try:
         doc = json.loads(buf)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply: the loader says why
         return False
     if isinstance(doc, list):  # Chrome "JSON array" traces are lists of events (with "ph")
         return bool(doc) and not any(isinstance(e, dict) and "ph" in e for e in doc)

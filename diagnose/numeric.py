@@ -6,19 +6,24 @@ import numbers
 from typing import Any
 
 Number = int | float
+_BIG = 2**1023  # integers beyond this are out of float64's range
 
 
 def num(x: Any) -> Number | None:
-    """A finite int/float, else None (bool -> int; NaN/inf/strings/None -> None)."""
+    """A finite int/float, else None (bool -> int; NaN/inf/strings/None and integers beyond
+    the float64 range -> None)."""
     if x is None or isinstance(x, str):
         return None
     if isinstance(x, bool):
         return int(x)
     if isinstance(x, numbers.Integral):
-        return int(x)
+        return int(x) if -_BIG < x < _BIG else None  # beyond float64: not a usable number
     if not isinstance(x, numbers.Real):
         return None
-    f = float(x)
+    try:
+        f = float(x)
+    except OverflowError:
+        return None
     if math.isnan(f) or math.isinf(f):
         return None
     return f

@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from diagnose.clitypes import FRACTION
 from diagnose.cli_options import analysis_options, rule_options, split_options
 from diagnose.cliutil import guarded
 from diagnose.engine import RuleSet, Verdicts, evaluate, load_rules, load_ruleset
@@ -92,9 +93,9 @@ def _severity_choice():
 @click.option("--trace", "trace_path", required=True, metavar="FILE", help="Kineto JSON or nsys SQLite trace.")
 @click.option("--phase", "phases", multiple=True, type=click.Choice(GATE_PHASES), default=("decode",), show_default=True,
               help="Phase(s) to check; repeatable. (Step-marker regexes: --phase-regex.)")
-@click.option("--max-launch-gap-share", type=click.FloatRange(0, 1), default=None, metavar="FRACTION",
+@click.option("--max-launch-gap-share", type=FRACTION, default=None, metavar="FRACTION",
               help="Fail when a checked phase's launch-gap share exceeds this (default: the S3-launch-gaps threshold, 0.15).")
-@click.option("--max-idle-share", type=click.FloatRange(0, 1), default=None, metavar="FRACTION",
+@click.option("--max-idle-share", type=FRACTION, default=None, metavar="FRACTION",
               help="Also fail when a checked phase's GPU idle share exceeds this.")
 @click.option("--fail-on", type=_severity_choice(), default=None,
               help="Also fail on any fired symptom rule at or above this severity.")

@@ -80,10 +80,11 @@ class FindingRow(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 def _compile(pattern: str, where: str, flags: int = 0) -> None:
-    try:
-        re.compile(pattern, flags)
-    except re.error as e:
-        raise DiagnoseError(f"{where}: bad regex {pattern!r}: {e}") from None
+    """Compile a table's regex; one that nests repeats (exponential backtracking on a hostile
+    name) is refused like one that does not compile (:func:`diagnose.patterns.check_pattern`)."""
+    from diagnose.patterns import check_pattern
+
+    check_pattern(pattern, where, flags)
 
 
 def load_table(filename: str, kind: Any):

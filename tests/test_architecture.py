@@ -174,7 +174,9 @@ LAYERS = ("base", "trace", "analyzers", "findings", "engine", "pipeline", "top")
 BASE = {"diagnose", "diagnose.errors", "diagnose.vocab", "diagnose.numeric", "diagnose.textsafe", "diagnose.yamlio",
         "diagnose.tables", "diagnose.options", "diagnose.clitypes", "diagnose.model", "diagnose.report",
         "diagnose.report.fmt", "diagnose.hardware", "diagnose.roofline", "diagnose.fuzzing", "diagnose.data",
-        "diagnose.rules", "diagnose.samples"}
+        "diagnose.rules", "diagnose.samples",
+        # input validation shared by every layer: number checks, side-file reading, bounded patterns
+        "diagnose.inputs", "diagnose.patterns"}
 #: Library operations over reports and rules (the pipeline layer): each takes reports and a
 #: rule set and returns a result record; ``catalog`` documents every scope's findings.
 PIPELINE = {"diagnose.pipeline", "diagnose.gate", "diagnose.compare", "diagnose.sweep", "diagnose.multi",

@@ -94,3 +94,33 @@ def test_no_exception_escapes_issue15_inputs(seeds, tmp_path, seed):
         for ph in d["phases"]:
             for k in ("gpu_idle_share", "launch_gap_share", "attention_share"):
                 assert ph[k] is None or 0.0 <= ph[k] <= 1.0, (seed, k, ph[k])
+
+
+def _harness():
+    import importlib.util
+
+    from conftest import ROOT, SHARED_TRACES
+
+    if not SHARED_TRACES.exists():
+        pytest.skip("shared trace corpus not available")
+    spec = importlib.util.spec_from_file_location("fuzz_loaders", ROOT / "benchmarks" / "fuzz_loaders.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_issue20_inputs_end_cleanly_and_quickly():
+    """mutant3 (encodings, 64-bit ids, shapes, duplicates, names, nsys exports, side inputs):
+    every one of 60 inputs is read as the command line reads it and ends ok or with one
+    DiagnoseError, none of them near the 10 s bound of the long run."""
+    mod = _harness()
+    kinds, outcomes = set(), []
+    for seed in range(60):
+        kind, _data = mod._input(seed, 3)
+        kinds.add(kind)
+        outcome, detail, seconds, size = mod.one_timed(seed, 3)
+        assert outcome in ("ok", "diagnose_error"), (seed, outcome, detail)
+        assert size > 1 << 20 or seconds < 10, (seed, seconds)
+        outcomes.append(outcome)
+    assert kinds == {"trace", "nsys", "model_config", "metrics", "rules_config", "rule"}
+    assert outcomes.count("ok") >= 20 and outcomes.count("diagnose_error") >= 10

@@ -2,7 +2,6 @@
 fbgemm_fp8, FP8 compressed-tensors, mxfp4, AWQ, GPTQ, bitsandbytes; ``modules_to_not_convert``)."""
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -136,20 +135,17 @@ def _module_excluded(names: tuple[str, ...], patterns: tuple[str, ...]) -> bool:
     the name's start as a regex; compressed-tensors ``re:`` patterns are regexes searched in
     the name.
     """
+    from diagnose.patterns import outside_pattern
+
     for p in patterns:
+        rx = outside_pattern(p[3:] if p.startswith("re:") else p)  # None: invalid, or nested repeats
         for name in names:
             if p.startswith("re:"):
-                try:
-                    if re.search(p[3:], name):
-                        return True
-                except re.error:
-                    continue
+                if rx is not None and rx.search(name):
+                    return True
                 continue
             if f"{p}." in name or name.endswith(p):
                 return True
-            try:
-                if re.match(p, name):
-                    return True
-            except re.error:
-                continue
+            if rx is not None and rx.match(name):
+                return True
     return False

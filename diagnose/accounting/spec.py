@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from diagnose.errors import DiagnoseError
+from diagnose.inputs import check_model_sizes, parsing, read_text_file
 from diagnose.accounting.units import UnsupportedModelConfig, _nonneg_int, _positive_int
 from diagnose.accounting.quant import QuantSpec, _parse_quantization
 
@@ -310,10 +311,12 @@ class ModelSpec:
             UnsupportedModelConfig: a key that changes bytes or FLOPs is not modelled
                 (:data:`UNSUPPORTED_KEYS`, unknown ``quant_method`` or ``layer_types``).
             DiagnoseError: a required key is missing or not a positive integer (one-line
-                message naming the key), or the config is not a JSON object.
+                message naming the key), a size beyond :data:`diagnose.inputs.MODEL_SIZE_BOUNDS`,
+                or the config is not a JSON object.
         """
         if not isinstance(cfg, Mapping):
             raise DiagnoseError("model config must be a JSON object")
+        check_model_sizes(cfg, "model config")
         src: Mapping[str, Any] = cfg
         text = cfg.get("text_config")
         if isinstance(text, Mapping) and any(k not in cfg for k in _REQUIRED_KEYS):
@@ -519,11 +522,7 @@ def read_model_config(path_or_name: str) -> tuple[dict[str, Any], str]:
     """
     p = Path(path_or_name)
     if p.is_file():
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or exc.__class__.__name__
-            raise DiagnoseError(f"cannot read model config {path_or_name}: {reason}") from None
+        text = read_text_file(p, "model config")  # size bound, byte-order marks
         where = str(path_or_name)
         default_name = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
     else:
@@ -540,11 +539,13 @@ def read_model_config(path_or_name: str) -> tuple[dict[str, Any], str]:
         where = f"shipped config {key}"
         default_name = key
     try:
-        cfg = json.loads(text)
+        with parsing(f"model config {where}"):
+            cfg = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DiagnoseError(f"model config {where} is not JSON: {exc.msg} at line {exc.lineno}") from None
     if not isinstance(cfg, dict):
         raise DiagnoseError(f"model config {where} must be a JSON object")
+    check_model_sizes(cfg, f"model config {where}")  # here too, to name the file
     name = cfg.get("_name_or_path") or default_name
     return cfg, str(name)
 

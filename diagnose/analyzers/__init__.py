@@ -17,6 +17,7 @@ in :func:`analyze` where its inputs exist, and put what it reports into a field 
 """
 from __future__ import annotations
 
+
 from diagnose.analyzers import (
     activities,
     attainment,
@@ -70,7 +71,7 @@ def analyze(trace: Trace, options: AnalysisOptions | None = None, capture: Captu
     acts = activities.activity_table(trace, split, links.frame)
     notes.extend(acts.notes)
     w = waits.step_waits(trace, acts.frame, split.steps, split.containers)
-    steps = latency.step_table(w.steps, acts.frame)
+    steps = latency.mark_step_quality(latency.step_table(w.steps, acts.frame), links.orphan_launch_ns, notes)
     prep = attainment.prepare_attainment(trace, opts, steps, acts.frame, acts.devices)
     notes.extend(prep.notes)
     steps = prep.steps

@@ -304,7 +304,13 @@ def attainment_inputs(trace: Trace, options, dev_list: list[Device], note) -> At
         di = trace.metadata.get("distributedInfo") if isinstance(trace.metadata.get("distributedInfo"), dict) else {}
         ws = di.get("world_size")
         if isinstance(ws, int) and not isinstance(ws, bool) and ws > 1:
-            inp.tp, inp.tp_source = ws, "distributedInfo.world_size (every rank taken as tensor-parallel; give --tp otherwise)"
+            why = _tp_refusal(inp.spec, ws)
+            if why is None:
+                inp.tp, inp.tp_source = ws, "distributedInfo.world_size (every rank taken as tensor-parallel; give --tp otherwise)"
+            else:  # a pipeline/data-parallel world (vllm#10365): never an error about a flag not given
+                inp.tp, inp.tp_source = 1, f"1: distributedInfo.world_size {ws} is not a tensor-parallel degree of this model ({why})"
+                note("world_size_not_tp", f"distributedInfo.world_size is {ws}, which cannot be this model's tensor-parallel "
+                     f"degree ({why}): the rank is taken as unsharded (tp 1); give --tp if it is sharded otherwise")
     if isinstance(meta.get("prefill_logits_positions"), int) and meta["prefill_logits_positions"] > 1:
         inp.lm_head = "all"  # a plain Hugging Face forward computes logits for every position
     name = dev_list[0].name if dev_list else ""
@@ -312,6 +318,17 @@ def attainment_inputs(trace: Trace, options, dev_list: list[Device], note) -> At
     if inp.peak is None and dev_list:
         note("unknown_device_peak", f"device {name or '(unnamed)'!r} is not in the GPU peak table: MFU/MBU skipped (use --gpu NAME or --peak-tflops/--bandwidth-tbps)")
     return inp
+
+
+def _tp_refusal(spec: ModelSpec, tp: int) -> str | None:
+    """Why ``tp`` cannot shard ``spec`` the way vLLM does (heads, KV heads or widths not
+    divisible), or None when it can."""
+    try:
+        accounting.kv_layout(spec, tp)
+        accounting.model_weights(spec, None, tp)
+    except DiagnoseError as e:
+        return str(e).split(": ", 1)[-1]
+    return None
 
 
 #: The roofline numbers of a row that is not a step phase (all, unknown).

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diagnose.analyzers.base import declared
+from diagnose.analyzers.base import Notes, declared
 from diagnose.model import Latency, Percentiles
 from diagnose.trace.model import NO_TIME
 
@@ -103,8 +103,14 @@ def _intervals(done: np.ndarray, own: np.ndarray, single: str, several: str) -> 
 
 def latency_findings(steps: pd.DataFrame, definition: str | None = None) -> Latency:
     """TTFT proxy, TPOT and ITL from a step table with ``done_ns`` and ``own_ns``
-    (``definition``: replaces both sample definitions, e.g. when fragment steps were left out)."""
+    (``definition``: replaces both sample definitions, e.g. when fragment steps were left out).
+    Steps marked incomplete (``complete`` False: a launch of theirs has no GPU record) are left
+    out of every number; steps whose own time is unreliable (``own_reliable`` False) are left out
+    of the TTFT proxy and the step-time distributions, and kept for TPOT/ITL (their completions
+    are still the markers' steps)."""
     empty = percentiles_ms(np.zeros(0))
+    if "complete" in steps:
+        steps = steps[steps["complete"].to_numpy(dtype=bool)]
     if len(steps) == 0:
         return Latency(ttft_ms=None, ttft_samples=0, tpot_ms=empty, tpot_samples=0, tpot_definition=definition or TPOT_INTERVALS,
                        itl_ms=empty, itl_samples=0, itl_definition=definition or ITL_INTERVALS, prefill_step_ms=empty,
@@ -113,8 +119,9 @@ def latency_findings(steps: pd.DataFrame, definition: str | None = None) -> Late
     done = steps["done_ns"].to_numpy(dtype=np.int64)
     own = steps["own_ns"].to_numpy(dtype=np.int64)
     phase = steps["phase"].to_numpy()
+    ok = steps["own_reliable"].to_numpy(dtype=bool) if "own_reliable" in steps else np.ones(len(steps), dtype=bool)
     dreq = pd.to_numeric(steps["decode_requests"], errors="coerce").to_numpy(dtype=np.float64) if "decode_requests" in steps else np.full(len(steps), np.nan)
-    pre = own[phase == "prefill"]
+    pre = own[(phase == "prefill") & ok]
     is_dec = phase == "decode"
     tpot, tpot_def = _intervals(done[is_dec], own[is_dec], TPOT_SINGLE, TPOT_INTERVALS)
     gives_token = is_dec | ((phase == "mixed") & ~(dreq == 0))
@@ -125,9 +132,56 @@ def latency_findings(steps: pd.DataFrame, definition: str | None = None) -> Late
         tpot_ms=percentiles_ms(tpot), tpot_samples=int(len(tpot)), tpot_definition=definition or tpot_def,
         itl_ms=percentiles_ms(itl), itl_samples=int(len(itl)), itl_definition=definition or itl_def,
         prefill_step_ms=percentiles_ms(pre),
-        decode_step_ms=percentiles_ms(own[is_dec]),
-        mixed_step_ms=percentiles_ms(own[phase == "mixed"]),
+        decode_step_ms=percentiles_ms(own[is_dec & ok]),
+        mixed_step_ms=percentiles_ms(own[(phase == "mixed") & ok]),
     )
+
+
+#: Decode steps of one batch size whose GPU busy time differs by more than this factor are
+#: not measuring their own work: a replay of the same graph does the same work each step, so
+#: such a spread means kernels were attributed to the wrong step (deferred into one burst,
+#: sglang#31545). Far above what a growing KV context does (one decode step reads every
+#: weight once; at 100x even the KV read would have to dwarf the weights a hundredfold).
+ATTRIBUTION_SPREAD = 100.0
+
+
+def mark_step_quality(steps: pd.DataFrame, orphan_launch_ns: np.ndarray, notes: Notes) -> pd.DataFrame:
+    """The step table with two internal columns marking the steps whose numbers cannot be trusted:
+
+    * ``complete`` False: a launch call inside the step's CPU range has no GPU record
+      (``orphan_launch_ns``, int64 ns, from :func:`diagnose.analyzers.launches.launch_links`:
+      the profiler dropped it). Such a step is left out of every latency number.
+    * ``own_reliable`` False: the decode steps of a batch size whose GPU busy times differ by
+      more than :data:`ATTRIBUTION_SPREAD` (note ``step_attribution_unreliable``): their own
+      times are not reported (``own_ms`` null), so no step is called slow for work that
+      was not its own; TPOT from the steps' completions is kept.
+    """
+    steps = steps.copy()
+    n = len(steps)
+    complete = np.ones(n, dtype=bool)
+    orphans = np.sort(np.asarray(orphan_launch_ns, dtype=np.int64))
+    if n and len(orphans) and "scope" in steps:
+        st = steps["start_ns"].to_numpy(dtype=np.int64)
+        en = steps["end_ns"].to_numpy(dtype=np.int64)
+        inside = np.searchsorted(orphans, en, side="right") - np.searchsorted(orphans, st, side="left")
+        complete = ~((inside > 0) & (steps["scope"].to_numpy() == "cpu"))
+    reliable = np.ones(n, dtype=bool)
+    if n and "gpu_busy_ms" in steps:
+        dec = (steps["phase"].to_numpy() == "decode") & complete
+        busy = pd.to_numeric(steps["gpu_busy_ms"], errors="coerce").to_numpy(dtype=np.float64)
+        batch = pd.to_numeric(steps["batch"], errors="coerce").to_numpy(dtype=np.float64)
+        for b in np.unique(batch[dec & ~np.isnan(batch)]):
+            grp = dec & (batch == b) & (busy > 0)
+            if grp.sum() >= 2 and busy[grp].max() > ATTRIBUTION_SPREAD * busy[grp].min():
+                reliable[grp] = False
+                notes.note("step_attribution_unreliable",
+                             f"decode steps of batch {int(b)} did {busy[grp].min():.3f} to {busy[grp].max():.3f} ms of GPU work "
+                           f"({busy[grp].max() / busy[grp].min():,.0f}x apart): GPU work is not attributed to the step that "
+                           "launched it (deferred into a burst); their own times are not reported, TPOT comes from the "
+                           "steps' completions", int(grp.sum()))
+    steps["complete"] = complete
+    steps["own_reliable"] = reliable & complete
+    return steps
 
 
 FINDINGS = declared("latency")

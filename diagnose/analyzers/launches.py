@@ -8,7 +8,7 @@ the per-activity links, :func:`launch_stats` the report's ``launches`` section.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -147,6 +147,8 @@ class LaunchLinks:
 
     frame: pd.DataFrame
     notes: tuple[QualityIssue, ...] = ()
+    #: start times (int64 ns) of launch calls no GPU record answers (``orphan_launches``)
+    orphan_launch_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def launch_links(trace: Trace) -> LaunchLinks:
@@ -162,11 +164,77 @@ def launch_links(trace: Trace) -> LaunchLinks:
     if unlinked:
         notes.note("unlinked_kernels", f"{unlinked} of {len(gpu)} GPU activities have no host launch call with their correlation id; gaps before them are 'unattributed'", unlinked)
     _clock_skew(trace, launches, notes)
+    orphans = _orphan_launches(trace, notes)
     graph = kind == "graph_launch"
     if graph.any():
         n_launch = int(pd.unique(gpu["correlation"].to_numpy()[graph]).size)
         notes.note("graph_kernels_no_launch", f"{int(graph.sum())} kernels replayed from {n_launch} graph launch(es): no per-kernel launch call; op-level attribution unavailable for them", int(graph.sum()))
-    return LaunchLinks(launches, tuple(notes.issues))
+    return LaunchLinks(launches, tuple(notes.issues), orphans)
+
+
+def _orphan_launches(trace: Trace, notes: Notes) -> np.ndarray:
+    """Kernel launch calls (api kind ``launch``, with a correlation id) that no GPU record
+    answers: the profiler dropped their activity (libkineto drops records outside its window
+    or when a buffer overflows, pytorch#192021). Noted (``orphan_launches``, with where they
+    sit: before the first answered launch, after the last, or in between) and their start
+    times returned for the latency analyzer (int64 ns: a step holding one is incomplete)."""
+    none = np.zeros(0, dtype=np.int64)
+    rt, gpu = trace.runtime, trace.gpu
+    if len(rt) == 0 or len(gpu) == 0:
+        return none
+    corr = rt["correlation"].to_numpy()
+    launch = (rt["api_kind"].to_numpy(dtype=object) == "launch") & (corr >= 0)
+    if not launch.any():
+        return none
+    answered = pd.Series(corr, copy=False).isin(gpu["correlation"].to_numpy()).to_numpy()
+    orphan = launch & ~answered
+    starts = rt["start_ns"].to_numpy()
+    if orphan.any():
+        orphan &= ~_in_capture(rt, starts)  # launches into a graph being captured run nothing
+    if not orphan.any():
+        return none
+    o = starts[orphan]
+    ok = starts[launch & answered]
+    k = int(orphan.sum())
+    if len(ok) == 0:
+        where = "no launch of the trace has one"
+    elif o.max() < ok.min():
+        where = "all at trace start (before the first launch that has one)"
+    elif o.min() > ok.max():
+        where = "all at trace end (after the last launch that has one)"
+    else:
+        first, last = int((o < ok.min()).sum()), int((o > ok.max()).sum())
+        where = (f"{first} at trace start, {last} at its end, {k - first - last} in between" if first or last
+                 else f"in the middle of the trace (the first {(o.min() - min(starts.min(), gpu['start_ns'].min())) / 1e6:.3f} ms from its start)")
+    notes.note("orphan_launches", f"{k} kernel launch{'' if k == 1 else 'es'} have no GPU kernel, {where}: the profiler dropped "
+               "their records; steps holding one are left out of the per-step numbers", k)
+    return o.astype(np.int64)
+
+
+_CAPTURE_CALL = re.compile(r"StreamBeginCapture|StreamEndCapture", re.I)
+
+
+def _in_capture(rt: pd.DataFrame, starts: np.ndarray) -> np.ndarray:
+    """Whether each runtime call starts inside a stream capture (from a ``*StreamBeginCapture``
+    call's start to the next ``*StreamEndCapture``'s end): its launches are recorded into a
+    graph, never executed, so they have no GPU record by design."""
+    out = np.zeros(len(rt), dtype=bool)
+    names = rt["name"]
+    kind = per_unique(names, lambda u: 1 if "begin" in str(u).lower() and _CAPTURE_CALL.search(str(u))
+                      else 2 if _CAPTURE_CALL.search(str(u)) else 0, dtype=np.int8)
+    if not kind.any():
+        return out
+    ends = rt["end_ns"].to_numpy()
+    opened = None
+    for i in np.argsort(starts, kind="stable")[kind[np.argsort(starts, kind="stable")] > 0]:
+        if kind[i] == 1 and opened is None:
+            opened = starts[i]
+        elif kind[i] == 2 and opened is not None:
+            out |= (starts >= opened) & (starts <= ends[i])
+            opened = None
+    if opened is not None:
+        out |= starts >= opened
+    return out
 
 
 #: A GPU activity that starts this long before its launch call starts cannot be real: clock

@@ -209,10 +209,32 @@ class OpCost:
 NO_COST = OpCost(None, None, None)
 
 
+#: Largest size of one tensor dimension taken as real (2^40 elements); larger, or negative
+#: (symbolic sizes, crafted shapes), makes a shape unusable.
+MAX_DIM = 1 << 40
+#: The note of an op whose ``Input Dims`` hold a negative or implausible size.
+BAD_SHAPE_NOTE = "Input Dims hold a negative or implausible size (symbolic or crafted shape): FLOPs and bytes unknown"
+
+
 def _ints(x: Any) -> list[int] | None:
-    if isinstance(x, list) and x and all(isinstance(v, int) and not isinstance(v, bool) for v in x):
+    """A shape: a non-empty list of sizes in [0, MAX_DIM], else None."""
+    if isinstance(x, list) and x and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_DIM for v in x):
         return x
     return None
+
+
+def bad_shape(dims: Any, depth: int = 0) -> bool:
+    """Whether decoded ``Input Dims`` hold a size that is negative or beyond :data:`MAX_DIM`
+    anywhere (a shape of such sizes must never give a cost, let alone a negative one)."""
+    if depth > 3 or not isinstance(dims, list):
+        return False
+    for v in dims:
+        if isinstance(v, list):
+            if bad_shape(v, depth + 1):
+                return True
+        elif isinstance(v, int) and not isinstance(v, bool) and not 0 <= v <= MAX_DIM:
+            return True
+    return False
 
 
 def _tbytes(types: Sequence | None, i: int) -> int:
@@ -423,6 +445,8 @@ def op_cost(name: str, dims: list | None, types: list | None = None, *, concrete
     """
     if not dims or not isinstance(dims, list):
         return NO_COST
+    if bad_shape(dims):
+        return OpCost(None, None, None, BAD_SHAPE_NOTE)
     try:
         if name in GEMM_OPS:
             return _gemm_cost(name, dims, types)
@@ -465,7 +489,7 @@ def op_flops(name: str, dims: list | None, *, concrete: list | None = None, seqs
 
 def _operand_bytes(dims: list | None, types: list | None) -> int | None:
     """Sum of the plain tensor arguments' bytes (``attainment._op_bytes``, unchanged)."""
-    if not dims:
+    if not dims or bad_shape(dims):
         return None
     total = 0
     for i, d in enumerate(dims):

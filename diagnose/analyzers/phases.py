@@ -22,6 +22,7 @@ import pandas as pd
 
 from diagnose.analyzers.base import Notes
 from diagnose.errors import DiagnoseError
+from diagnose.patterns import check_pattern, clip
 from diagnose.trace.kineto import parse_input_dims
 from diagnose.trace.model import NO_TIME, QualityIssue, Trace, factorize
 
@@ -59,10 +60,7 @@ def user_grammars(specs: tuple[str, ...] | list[str]) -> list[Grammar]:
             raise DiagnoseError(f"--phase {phase}: empty regex (it would match every range)")
         if phase not in PHASES:
             raise DiagnoseError(f"--phase: unknown phase {phase!r}; use one of {', '.join(PHASES)}")
-        try:
-            pat = re.compile(rx)
-        except re.error as e:
-            raise DiagnoseError(f"--phase {phase}: invalid regex {rx!r} ({e})") from None
+        pat = check_pattern(rx, f"--phase-regex {phase}")  # matched on a bounded prefix of each name (match_marker)
         out.append(Grammar(f"user:{phase}:{len(out)}", pat, fixed_phase=phase))
     return out
 
@@ -73,7 +71,10 @@ def _int(gd: dict, key: str) -> int | None:
 
 
 def match_marker(name: str, grammars) -> dict | None:
-    """Return {phase, grammar, batch, tokens, context} for a step-marker name, else None."""
+    """Return {phase, grammar, batch, tokens, context} for a step-marker name, else None.
+    The first :data:`~diagnose.patterns.MATCH_PREFIX_CHARS` characters of the name are read
+    (user regexes may backtrack: the work per name stays bounded)."""
+    name = clip(name)
     for g in grammars:
         m = g.pattern.search(name)
         if not m:
@@ -214,7 +215,8 @@ DECODE_MAX_QUERY = 16  # a query this short against a longer key set reads a KV 
 
 
 def _is_int_list(x, n_min: int) -> bool:
-    return isinstance(x, list) and len(x) >= n_min and all(isinstance(v, int) for v in x)
+    """A shape of at least ``n_min`` sizes, none negative (symbolic or crafted sizes vote for nothing)."""
+    return isinstance(x, list) and len(x) >= n_min and all(isinstance(v, int) and v >= 0 for v in x)
 
 
 def _shape_ops(trace: Trace) -> pd.DataFrame:

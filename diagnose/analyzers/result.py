@@ -83,7 +83,7 @@ class Analysis:
 
 
 #: Step-table columns only the analyzers use (not in the JSON report).
-_INTERNAL_STEP_COLUMNS = ("device_activity_count", "shape_bytes", "own_ns", "done_ns")
+_INTERNAL_STEP_COLUMNS = ("device_activity_count", "shape_bytes", "own_ns", "done_ns", "complete", "own_reliable")
 
 
 def report_steps(steps: pd.DataFrame) -> pd.DataFrame:
@@ -92,6 +92,8 @@ def report_steps(steps: pd.DataFrame) -> pd.DataFrame:
     out = steps.drop(columns=[c for c in _INTERNAL_STEP_COLUMNS if c in steps])
     if "own_ns" in steps:
         own = (steps["own_ns"].to_numpy() / 1e6).round(6)
+        if "own_reliable" in steps:  # an incomplete step, or one whose GPU work is not its own: unknown
+            own = np.where(steps["own_reliable"].to_numpy(dtype=bool), own, np.nan)
         out.insert(out.columns.get_loc("gpu_busy_ms") + 1 if "gpu_busy_ms" in out else len(out.columns), "own_ms", own)
     return out
 

@@ -22,7 +22,8 @@ import yaml
 from diagnose.engine.condition import compile_condition, compile_expression, mangle
 from diagnose.engine.errors import RuleError
 from diagnose.errors import DiagnoseError
-from diagnose.yamlio import load_user_yaml, load_yaml
+from diagnose.inputs import finite_number, read_text_file
+from diagnose.yamlio import MAX_USER_YAML_BYTES, load_user_yaml, load_yaml
 
 Number = int | float
 
@@ -154,6 +155,19 @@ def render_template(template: str, values: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
+def _finite(value: Any, what: str) -> Number:
+    """A threshold value: a finite number (NaN compares false with everything: a rule or a
+    gate with a NaN threshold would never fire or never fail).
+
+    Raises:
+        RuleError: not a finite number.
+    """
+    try:
+        return finite_number(value, what)
+    except DiagnoseError as e:
+        raise RuleError(str(e)) from None
+
+
 def rule_from_dict(data: Any, where: str, expected_id: str | None = None, validate: bool = True) -> Rule:
     """Validate one parsed rule file and compile its condition.
 
@@ -172,7 +186,8 @@ def rule_from_dict(data: Any, where: str, expected_id: str | None = None, valida
         raise RuleError(f"{where}: id {rid!r} does not match the file name {expected_id!r}.yaml")
     requires = tuple(data["requires"])
     evidence = tuple(x for x in data.get("evidence", []) if x not in requires)
-    thresholds = {k: Threshold(v["value"], v["unit"], v["rationale"]) for k, v in (data.get("thresholds") or {}).items()}
+    thresholds = {k: Threshold(_finite(v["value"], f"{where}: threshold {k}"), v["unit"], v["rationale"])
+                  for k, v in (data.get("thresholds") or {}).items()}
     names = {mangle(f): "finding" for f in requires}
     names.update({k: "threshold" for k in thresholds})
     tree = compile_condition(data["condition"], names, where)
@@ -263,10 +278,13 @@ def _rule_files(path: str | Path | None):
         else:
             items = [(str(f), f.stem, f) for f in p.iterdir() if f.suffix == ".yaml" and f.is_file()]
     for where, stem, f in sorted(items, key=lambda x: x[1]):
-        try:
+        if path is None:
             text = f.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise RuleError(f"{where}: cannot read: {type(e).__name__}") from None
+        else:
+            try:  # at most 1 MiB (parse_yaml's bound), byte-order marks honoured
+                text = read_text_file(f, "rules file", MAX_USER_YAML_BYTES)
+            except DiagnoseError as e:
+                raise RuleError(str(e)) from None
         yield where, stem, text
 
 
@@ -349,13 +367,10 @@ def load_rules_config(path: str) -> RulesConfig:
     Raises:
         RuleError: missing/unreadable file, bad YAML, unknown keys, non-numeric values.
     """
-    p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RuleError(f"rules config not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise RuleError(f"cannot read rules config {path}: {type(e).__name__}") from None
+        text = read_text_file(path, "rules config", MAX_USER_YAML_BYTES)
+    except DiagnoseError as e:
+        raise RuleError(str(e)) from None
     data = parse_yaml(text, str(path)) or {}
     if not isinstance(data, dict):
         raise RuleError(f"{path}: a rules config is a mapping with keys thresholds and disable")
@@ -398,8 +413,7 @@ def apply_overrides(rules: Sequence[Rule], overrides: Mapping[str, Number] | Non
         if name not in by_id[rid].thresholds:
             have = ", ".join(by_id[rid].thresholds) or "none"
             raise RuleError(f"threshold override {key!r}: rule {rid} has no threshold {name!r} (has: {have})")
-        if isinstance(val, bool) or not isinstance(val, (int, float)):
-            raise RuleError(f"threshold override {key!r}: value must be a number, got {val!r}")
+        _finite(val, f"threshold override {key!r}")
         per_rule.setdefault(rid, {})[name] = val
     return [r.with_thresholds(per_rule[r.id]) if r.id in per_rule else r for r in rules]
 

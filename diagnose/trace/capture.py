@@ -126,12 +126,14 @@ def load_capture_mapping(capture_trace: str) -> CaptureMapping:
     Raises:
         TraceFormatError: unreadable file or not a Kineto JSON object with ``traceEvents``.
     """
+    from diagnose.inputs import parsing
     from diagnose.trace.reading import read_bytes
 
     buf = read_bytes(capture_trace)
     try:
-        doc = msgspec.json.decode(buf, type=_CDoc)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        with parsing(f"{capture_trace}"):
+            doc = msgspec.json.decode(buf, type=_CDoc)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as e:
         raise TraceFormatError(f"{capture_trace}: not a Kineto trace with traceEvents ({e})") from None
     ops: dict[int, tuple[float, _CEvent]] = {}
     begins, ends, launches, bs_ann = [], [], [], []

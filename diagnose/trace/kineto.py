@@ -35,6 +35,7 @@ share one object.
 """
 from __future__ import annotations
 
+import decimal
 import mmap
 import operator
 import os
@@ -193,7 +194,9 @@ _BAD = object()  # a value that is present but not a usable number
 
 
 def _num(v: Any) -> Any:
-    """ts/dur of a loose event: float, None (absent) or _BAD (text, list, NaN, inf...)."""
+    """ts/dur of a loose event: float, the string itself for a finite number written as a
+    JSON string (parsed exactly later: :func:`_exact_ns`), None (absent) or _BAD (text,
+    list, NaN, inf...)."""
     if v is None:
         return None
     if isinstance(v, bool):
@@ -203,8 +206,38 @@ def _num(v: Any) -> Any:
             f = float(v)
         except (ValueError, OverflowError):  # "abc"; an integer beyond float64
             return _BAD
-        return f if f - f == 0.0 else _BAD  # NaN and inf written as text
+        if f - f != 0.0:  # NaN and inf written as text
+            return _BAD
+        return v if isinstance(v, str) else f
     return _BAD
+
+
+def _exact_ns(text: str) -> int | None:
+    """A number of µs written as a string (``"1700000000123456.789"``) as integer ns, exactly
+    (decimal arithmetic, half to even): float64 keeps ~16 significant digits, so an absolute
+    epoch time in µs would lose its sub-µs digits. None when it is not a finite decimal or its
+    magnitude is beyond any timestamp (the float check then drops it)."""
+    try:
+        d = decimal.Decimal(text.strip())
+    except (decimal.InvalidOperation, ValueError):
+        return None
+    if not d.is_finite() or d.adjusted() > 20:
+        return None
+    return int((d * 1000).to_integral_value(rounding=decimal.ROUND_HALF_EVEN))
+
+
+def _string_times(ts_vals: list, dur_vals: list) -> tuple[list[int], list, list] | None:
+    """(rows, exact ts ns or None, exact dur ns or None) of the events whose ts or dur is a
+    numeric string; None when there is none (the common case: one scan of the types)."""
+    if str not in set(map(type, ts_vals)) and str not in set(map(type, dur_vals)):
+        return None
+    rows, ts_ns, dur_ns = [], [], []
+    for i, (t, d) in enumerate(zip(ts_vals, dur_vals)):
+        if type(t) is str or type(d) is str:
+            rows.append(i)
+            ts_ns.append(_exact_ns(t) if type(t) is str else None)
+            dur_ns.append(_exact_ns(d) if type(d) is str else None)
+    return rows, ts_ns, dur_ns
 
 
 def _counted(ph: str, cat: str) -> bool:
@@ -335,8 +368,8 @@ def _split_top(path: str, buf: bytes, lenient: bool = False) -> tuple[dict[str, 
     head = buf[:64].lstrip()
     if not head:
         raise TraceFormatError(f"{path}: empty file")
-    if head[:1] not in (b"{", b"["):
-        raise TraceFormatError(f"{path}: not a JSON trace (expected a Kineto/Chrome trace object)")
+    if head[:1] not in (b"{", b"[") or head[1:2] == b"\x00":
+        raise TraceFormatError(f"{path}: not a JSON trace (expected a Kineto/Chrome trace object){_encoding_hint(bytes(buf[:8]))}")
     for _attempt in range(4):
         if head[:1] == b"[":
             try:
@@ -380,6 +413,16 @@ def _split_top(path: str, buf: bytes, lenient: bool = False) -> tuple[dict[str, 
         where = f" at {_where(buf, pos)}" if pos is not None else ""
         raise TraceFormatError(f"{path}: invalid JSON{where} ({msg})") from None
     raise TraceFormatError(f"{path}: invalid JSON ({err})") from None
+
+
+def _encoding_hint(head: bytes) -> str:
+    """What a document that is not UTF-8 JSON looks like it is in (UTF-16/32 without a
+    byte-order mark: every other byte zero), for the error message."""
+    if len(head) >= 4 and head[1:2] == b"\x00" and head[3:4] == b"\x00":
+        return ": it looks like UTF-16 or UTF-32 text without a byte-order mark; save it as UTF-8"
+    if len(head) >= 4 and head[0:1] == b"\x00" and head[2:3] == b"\x00":
+        return ": it looks like big-endian UTF-16 or UTF-32 text without a byte-order mark; save it as UTF-8"
+    return ""
 
 
 def _recover_truncated(buf: bytes, max_tries: int = 64) -> tuple[dict[str, msgspec.Raw], int] | None:
@@ -592,7 +635,7 @@ def _be_records(be: list, strict: bool) -> list[tuple]:
         args = None if a is None else (a.device, a.stream, a.correlation, a.external_id, a.external_id_legacy, a.bytes,
                                        bytes(a.input_dims) or None, bytes(a.input_types) or None,
                                        bytes(a.concrete_inputs) or None)
-        ts = e.ts if e.ts is not None else _NAN
+        ts = _NAN if e.ts is None else float(e.ts)  # a numeric string (loose events): as float here
         out.append((begin, e.cat, e.name, ts, e.pid, e.tid, args))
     return out
 
@@ -683,12 +726,15 @@ class _Raw:
     def __init__(self, evs: list, strict: bool) -> None:
         self.evs, self.strict, self.n = evs, strict, len(evs)
         self.name = list(map(_get_name, evs))
+        self.strings: tuple | None = None  # events whose ts/dur are numeric strings (see _string_times)
         if strict:
             self.ts = np.fromiter(map(_get_ts, evs), np.float64, self.n)
             self.dur = np.fromiter(map(_get_dur, evs), np.float64, self.n)
         else:
-            self.ts = np.array([_NAN if v is None else v for v in map(_get_ts, evs)], dtype=np.float64)
-            self.dur = np.array([_NAN if v is None else v for v in map(_get_dur, evs)], dtype=np.float64)
+            ts_vals, dur_vals = list(map(_get_ts, evs)), list(map(_get_dur, evs))
+            self.ts = np.array([_NAN if v is None else float(v) for v in ts_vals], dtype=np.float64)
+            self.dur = np.array([_NAN if v is None else float(v) for v in dur_vals], dtype=np.float64)
+            self.strings = _string_times(ts_vals, dur_vals)
         self._args = list(map(_get_args, evs))
         self._pids: list | None = None
         self._types: set | None = None
@@ -755,7 +801,21 @@ class _Raw:
         return [keep(b, b) if v and (b := bytes(v)) else None for v in vals]
 
     def times(self, base_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return _times(self.ts, self.dur, base_ns)
+        keep, start, end = _times(self.ts, self.dur, base_ns)
+        if self.strings is not None:  # numeric strings: their exact values replace the float ones
+            rows, ts_ns, dur_ns = self.strings
+            for i, t, d in zip(rows, ts_ns, dur_ns):
+                if keep[i]:
+                    dur = int(end[i] - start[i]) if d is None else d
+                    if t is not None:
+                        start[i] = base_ns + t
+                    end[i] = start[i] + dur
+        return keep, start, end
+
+    @property
+    def n_strings(self) -> int:
+        """Events whose ts or dur was written as a JSON string."""
+        return 0 if self.strings is None else len(self.strings[0])
 
 
 _NAN = float("nan")
@@ -893,7 +953,8 @@ def _load_kineto(path: str, buf: bytes | bytearray, lenient: bool, progress, gz_
 
 
 _TEXT = ("name", "kind", "api_kind", "scope", "rank")
-_COUNTERS = ("events", "dropped", "negative", "no_dur", "bad_name", "bad_value", "out_of_range", "pyfunc", "pyfunc_ns")
+_COUNTERS = ("events", "dropped", "negative", "no_dur", "bad_name", "bad_value", "out_of_range", "pyfunc", "pyfunc_ns",
+             "string_times")
 
 
 class _Coded(NamedTuple):
@@ -972,6 +1033,7 @@ class _Columns:
             d = {"name": r.name, "start_ns": start, "end_ns": end, "pid": r.pid(), "tid": r.tid()}
             self._keep("overhead", d, keep, r)
         for r in raws.values():
+            self.n["string_times"] += r.n_strings
             self.n["negative"] += int((r.dur < 0).sum())
             self.n["no_dur"] += int(np.isnan(r.dur).sum())
             if "\ufffd" in "".join(r.name):
@@ -1090,6 +1152,9 @@ class _Columns:
             trace.note("bad_value", f"{_plural(n['bad_value'], 'event', 'events')} whose 'ts' or 'dur' is not a number (text, list, NaN...) excluded", n["bad_value"])
         if n["out_of_range"]:
             trace.note("out_of_range_value", f"{_plural(n['out_of_range'], 'event', 'events')} holding a number beyond the float64 range (e.g. 1e400) excluded", n["out_of_range"])
+        if n["string_times"]:
+            trace.note("string_timestamps", f"{_plural(n['string_times'], 'event', 'events')} with 'ts' or 'dur' written as a "
+                       "JSON string: read as exact decimals (integer ns), not through float64", n["string_times"])
         if unmatched:
             trace.note("unmatched_begin_end", f"{_plural(unmatched, 'begin/end (B/E) event', 'begin/end (B/E) events')} dropped: no partner on the same pid/tid, or no usable 'ts'", unmatched)
         if merged:

@@ -10,6 +10,8 @@ timestamps are excluded or clipped, each reported in ``trace.quality``.
   the time removed is reported (``deferred_completion_clipped``). Smaller overlaps on one
   stream are real (programmatic dependent launch, PDL): kept, counted (``same_stream_overlap``),
   and busy time stays a union.
+* **Exact duplicates** — a GPU record that repeats another in every column (activity buffers
+  read twice) is dropped and counted (``duplicate_records``).
 """
 from __future__ import annotations
 
@@ -39,10 +41,8 @@ def normalize(trace: Trace) -> Trace:
     # a stream is (process, device, stream): co-located processes each have their own stream 7
     keys = [c for c in ("rank", "pid") if c in trace.gpu.columns] + ["device", "stream"]
     g = trace.gpu.sort_values(keys + ["start_ns", "end_ns"], kind="stable")
-    same = np.ones(max(len(g) - 1, 0), dtype=bool)
-    for c in keys:
-        v = g[c].to_numpy()
-        same &= v[1:] == v[:-1]
+    same = _same_stream(g, keys)
+    g, same = _drop_exact_duplicates(trace, g, same)
     start = g["start_ns"].to_numpy()
     end = g["end_ns"].to_numpy().copy()
     overlap = np.zeros(len(g), dtype=np.int64)
@@ -62,3 +62,41 @@ def normalize(trace: Trace) -> Trace:
                    int(small.sum()))
     trace.gpu = g.sort_values(["device", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
     return trace
+
+
+def _same_stream(g, keys: list[str]) -> np.ndarray:
+    """For each row of ``g`` but the first: whether it is on the previous row's stream."""
+    same = np.ones(max(len(g) - 1, 0), dtype=bool)
+    for c in keys:
+        v = g[c].to_numpy()
+        same &= v[1:] == v[:-1]
+    return same
+
+
+def _drop_exact_duplicates(trace: Trace, g, same: np.ndarray):
+    """Drop GPU records that repeat another one exactly (every column: name, stream, start,
+    end, correlation...): a profiler that re-reads its activity buffers writes each record
+    twice (CUPTI per-thread buffers, Fuser#5402), which would double kernel time and count
+    and show as same-stream overlap. ``g`` is sorted by stream, start and end, so a repeat
+    sits in a run of rows with the same stream, start and end; only such runs are compared
+    column by column. Reported as ``duplicate_records``. Returns (g, same) without them."""
+    if len(g) < 2:
+        return g, same
+    st, en = g["start_ns"].to_numpy(), g["end_ns"].to_numpy()
+    cand = same & (st[1:] == st[:-1]) & (en[1:] == en[:-1])
+    if not cand.any():
+        return g, same
+    rows = np.zeros(len(g), dtype=bool)
+    rows[1:] |= cand
+    rows[:-1] |= cand
+    sub = g[rows]
+    dup = np.zeros(len(g), dtype=bool)
+    dup[np.nonzero(rows)[0]] = sub.duplicated(keep="first").to_numpy()
+    if not dup.any():
+        return g, same
+    n = int(dup.sum())
+    trace.note("duplicate_records", f"{n} GPU record(s) repeat another record exactly (same name, stream, start, end and "
+               "ids: activity buffers read twice): counted once", n)
+    g = g[~dup]
+    return g, _same_stream(g, [c for c in ("rank", "pid") if c in g.columns] + ["device", "stream"])
+

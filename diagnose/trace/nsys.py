@@ -260,15 +260,20 @@ def _adbc_modules() -> tuple[Any, Any] | None:
 _ADBC: Any = None
 
 
+class ReaderChoiceError(TraceFormatError, ValueError):
+    """A bad ``reader`` argument or ``DIAGNOSE_NSYS_READER`` value: a ValueError for callers,
+    one ``error:`` line and exit 2 at the command line (the environment is user input)."""
+
+
 def _pick_reader(reader: str | None) -> str:
     want = reader if reader is not None else (os.environ.get(READER_ENV) or "auto")
     want = want.strip().lower()
     if want not in READERS:
-        raise ValueError(f"nsys reader must be one of {', '.join(READERS)}, not {want!r}")
+        raise ReaderChoiceError(f"nsys reader ({READER_ENV} or reader=) must be one of {', '.join(READERS)}, not {want[:40]!r}")
     if want == "auto":
         return "adbc" if adbc_available() else "sqlite3"
     if want == "adbc" and not adbc_available():
-        raise ValueError("nsys reader 'adbc' needs the adbc-driver-sqlite package (pip install adbc-driver-sqlite)")
+        raise ReaderChoiceError("nsys reader 'adbc' needs the adbc-driver-sqlite package (pip install adbc-driver-sqlite)")
     return want
 
 
@@ -424,7 +429,7 @@ class _Db:
                     chunks[a].append((codes, np.asarray(uniques, dtype=object)))
                 else:
                     try:
-                        chunks[a].append(df[a].to_numpy(dtype=np.int64))
+                        chunks[a].append(_int64_column(df[a]))
                     except (TypeError, ValueError):
                         raise TraceFormatError(
                             f"{self.path}: non-integer value in {table}.{a}"
@@ -534,6 +539,21 @@ class _Db:
         rows = self.con.execute(f'SELECT DISTINCT "globalPid" FROM {_q(table)}').fetchall()
         g = np.asarray([r[0] for r in rows if isinstance(r[0], int)], dtype=np.int64)
         return np.unique((g >> 24) & _MASK24)
+
+
+def _int64_column(col: pd.Series) -> np.ndarray:
+    """A column read by pandas as int64 (REALs truncated, as SQLite's own cast does). SQLite
+    stores a number too large for INTEGER (a 30-digit value in an integer column) as REAL,
+    and pandas reads NULL as NaN: cast, they would become garbage, so they are refused.
+
+    Raises:
+        ValueError: text, NaN or a value beyond int64 (1e30).
+    """
+    if col.dtype.kind == "f":
+        v = col.to_numpy()
+        if not (np.isfinite(v) & (np.abs(v) < 2.0**63)).all():
+            raise ValueError("not an int64")
+    return col.to_numpy(dtype=np.int64)
 
 
 def _trim_memory() -> None:
@@ -826,7 +846,9 @@ def _load(db: _Db, path: str) -> Trace:
     if loss:
         trace.partial = True
         trace.note("nsys_diagnostic_data_loss", f"nsys reported lost trace data: {loss[0]}", len(loss))
-    return trace
+    from diagnose.trace.ranks import label_process_ranks
+
+    return label_process_ranks(trace)  # several processes with GPU work: one rank each (TP jobs)
 
 
 def _drop_negative(df: pd.DataFrame, notes: _Notes) -> pd.DataFrame:

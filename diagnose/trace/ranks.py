@@ -25,6 +25,35 @@ _ID_MASK = (1 << RANK_ID_SHIFT) - 1
 _ID_COLUMNS = {"gpu": ("correlation", "external_id"), "runtime": ("correlation",), "cpu_ops": ("external_id",)}
 
 
+def label_process_ranks(trace: Trace) -> Trace:
+    """An nsys export of a multi-process job (tensor parallelism: one process per GPU, each
+    emitting the same NVTX step markers, nsys-ai#590) as a merged file of ranks: one rank per
+    process that has GPU activity, labelled ``"pid <pid>"``, every frame with a ``rank``
+    column (rows of other processes: -1, left out by :func:`split_ranks`), noted
+    ``ranks_merged``. Each process's steps, TPOT and gaps are then its own, as for the
+    ranks of a merged Kineto file. A trace with fewer than two such processes is unchanged.
+    Correlation ids are already per process (the nsys loader qualifies them with the pid).
+    """
+    pids = np.unique(trace.gpu["pid"].to_numpy()) if len(trace.gpu) else np.zeros(0, dtype=np.int64)
+    pids = pids[pids >= 0]
+    if len(pids) < 2 or trace.ranks:
+        return trace
+    index = {int(p): i for i, p in enumerate(pids.tolist())}
+    for attr in FRAMES:
+        f = getattr(trace, attr)
+        if "pid" not in f.columns:
+            continue
+        pid = f["pid"].to_numpy()
+        rank = np.full(len(f), -1, dtype=np.int64)
+        for p, i in index.items():
+            rank[pid == p] = i
+        setattr(trace, attr, f.assign(rank=rank))
+    trace.ranks = [f"pid {p}" for p in index]
+    trace.note("ranks_merged", f"{len(pids)} processes with GPU work in one Nsight Systems export (pids {', '.join(map(str, index))}): "
+               "each analysed alone (its own steps, TPOT and gaps)", len(pids))
+    return trace
+
+
 def split_ranks(trace: Trace) -> list[tuple[str, Trace]]:
     """One ``(label, trace)`` per rank of a merged file, in label order ("TP00-DP00-PP00-EP00",
     "TP01-DP00-PP00-EP00", ...); a trace that is not merged comes back as ``[("", trace)]``.

@@ -148,7 +148,9 @@ def read_bytes_partial(path: str) -> tuple[bytes, str | None]:
 
     Raises:
         TraceFormatError: missing/unreadable file, gzip data that is corrupt (not just cut),
-            or that inflates beyond :func:`inflate_limit` (a decompression bomb).
+            or that inflates beyond :func:`inflate_limit` (a decompression bomb), or text
+            whose byte-order mark names an encoding it is not in. A UTF-8 byte-order mark is
+            dropped and UTF-16/UTF-32 text (with its mark) comes back as UTF-8.
     """
     try:
         with open(path, "rb") as f:
@@ -160,13 +162,13 @@ def read_bytes_partial(path: str) -> tuple[bytes, str | None]:
     except OSError as e:
         raise TraceFormatError(f"{path}: cannot read ({e.strerror})") from None
     if raw[:2] != b"\x1f\x8b":
-        return raw, None
+        return _utf8(path, raw), None
     limit = inflate_limit(path, len(raw))
     if isal_zlib is not None:  # fast path; a cut or corrupt stream is classified by zlib below
         try:
             parts, cut = _inflate(raw, isal_zlib.decompressobj, limit)
             if not cut:
-                return parts[0] if len(parts) == 1 else b"".join(parts), None
+                return _utf8(path, parts[0] if len(parts) == 1 else b"".join(parts)), None
         except _TooLarge:
             raise _too_large(path, len(raw), limit) from None
         except Exception:  # noqa: BLE001 - corrupt: classified below
@@ -178,12 +180,30 @@ def read_bytes_partial(path: str) -> tuple[bytes, str | None]:
         raise _too_large(path, len(raw), limit) from None
     except zlib.error as e:
         raise TraceFormatError(f"{path}: corrupt gzip data ({e})") from None
-    out = parts[0] if len(parts) == 1 else b"".join(parts)
+    out = _utf8(path, parts[0] if len(parts) == 1 else b"".join(parts))
     if not cut:
         return out, None
     if not out:
         raise TraceFormatError(f"{path}: gzip stream cut before any data") from None
     return out, f"gzip stream cut short after {len(raw):,} compressed bytes ({len(out):,} bytes recovered)"
+
+
+def _utf8(path: str, data: bytes) -> bytes:
+    """The document as UTF-8: a UTF-8 byte-order mark dropped, UTF-16/UTF-32 text with its
+    mark (PowerShell's ``Out-File``, some editors) transcoded; other bytes as they are.
+
+    Raises:
+        TraceFormatError: a UTF-16/32 mark followed by bytes invalid in that encoding.
+    """
+    if data[:1] not in (b"\xef", b"\xff", b"\xfe", b"\x00"):  # no byte-order mark: the common case, no copy
+        return data
+    from diagnose.errors import DiagnoseError
+    from diagnose.inputs import utf8_without_bom
+
+    try:
+        return utf8_without_bom(data, path)[0]
+    except DiagnoseError as e:
+        raise TraceFormatError(str(e)) from None
 
 
 class Prefetch:
