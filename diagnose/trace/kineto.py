@@ -22,7 +22,8 @@ Handled variations (each seen in a real trace of the test corpus):
   number (``bad_value``) or with a number beyond float64 such as ``1e400``
   (``out_of_range_value``): excluded and counted, the rest of the file is analysed;
 * profiler ``overhead`` events kept (``Trace.overhead``); ``python_function`` events counted
-  (``Trace.counts``), never materialised;
+  (``Trace.counts``) and kept as ``Trace.python_frames`` (name, times, pid, tid: engine step
+  entry points are read from them; their args are never materialised);
 * refused in one line: an empty event list, JSON nested thousands of levels deep, and (in
   :mod:`diagnose.trace.reading`) gzip data that inflates implausibly.
 
@@ -59,6 +60,7 @@ from diagnose.trace.model import (
     CPU_OP_COLUMNS,
     GPU_COLUMNS,
     OVERHEAD_COLUMNS,
+    PYTHON_FRAME_COLUMNS,
     RANK_ID_SHIFT,
     RUNTIME_COLUMNS,
     SYNC_COLUMNS,
@@ -488,7 +490,7 @@ _CAT_BUCKET = {
     "overhead": "overhead",
     _BAD_VALUE: "bad", _OUT_OF_RANGE: "oor",
 }
-_PYFUNC = "python_function"  # counted (number, total duration), never materialised
+_PYFUNC = "python_function"  # counted (number, total duration) and kept without args (Trace.python_frames)
 _BUCKETS = ("kernel", "memcpy", "memset", "runtime", "op", "ann_cpu", "ann_gpu", "sync", "overhead", "pyfunc", "bad", "oor")
 
 # Strict event schema, tried first: a tagged union on "ph" decodes only complete ("X")
@@ -974,7 +976,8 @@ class _Columns:
 
     def __init__(self, base_ns: int) -> None:
         self.base_ns = base_ns
-        self.parts: dict[str, list[dict]] = {"gpu": [], "runtime": [], "op": [], "ann": [], "sync": [], "overhead": []}
+        self.parts: dict[str, list[dict]] = {"gpu": [], "runtime": [], "op": [], "ann": [], "sync": [], "overhead": [],
+                                             "pyframe": []}
         self.n = dict.fromkeys(_COUNTERS, 0)
         self.pyfunc_by_rank: dict[str, list[int]] = {}  # rank label -> [count, ns] (merged files)
         self.be: list[tuple] = []
@@ -1040,18 +1043,23 @@ class _Columns:
                 self.n["bad_name"] += sum("\ufffd" in n for n in r.name)
 
     def _pyfunc(self, r: _Raw) -> None:
-        """Count python_function events and sum their durations, without building rows."""
+        """Count python_function events, sum their durations and keep their name, times, pid
+        and tid (never their args); events without usable times are left out silently (they
+        are not analysed events: no ``missing_timestamp`` count)."""
         keep, start, end = r.times(self.base_ns)
         ns = np.where(keep, end - start, 0)
         self.n["pyfunc"] += r.n
         self.n["pyfunc_ns"] += int(ns.sum())
+        d = {"name": r.name, "start_ns": start, "end_ns": end, "pid": r.pid(), "tid": r.tid()}
         labels = r.rank_labels(look=self.labelled)
         if labels is not None:
             self.labelled = True
+            d["rank"] = labels
             for label, dur in zip(labels, ns.tolist()):
                 c = self.pyfunc_by_rank.setdefault(label, [0, 0])
                 c[0] += 1
                 c[1] += dur
+        self.parts["pyframe"].append(_select(d, keep))
 
     def state(self) -> dict:
         """Everything accumulated, as picklable data (sent back by forked workers). Text
@@ -1128,6 +1136,7 @@ class _Columns:
             ("annotations", "ann", ANNOTATION_COLUMNS, (), "start_ns"),
             ("gpu_syncs", "sync", SYNC_COLUMNS, (), None),
             ("overhead", "overhead", OVERHEAD_COLUMNS, (), "start_ns"),
+            ("python_frames", "pyframe", PYTHON_FRAME_COLUMNS, (), "start_ns"),
         ):
             df = build(part, columns, ids, sort)
             if df is not None:

@@ -35,6 +35,11 @@ Column contracts (pandas DataFrames, one row per event):
 ``gpu_syncs`` — ``cuda_sync`` events shown on a GPU stream (waits, event syncs); used to
     label gaps, never busy time: name, device, stream, start_ns, end_ns.
 
+``python_frames`` — Python frames of ``with_stack`` / ``with_modules`` tracing (Kineto
+    ``python_function`` events): name (categorical of str: ``file(line): function`` or
+    ``nn.Module: Name_N``), start_ns, end_ns, pid, tid (int64). Engine step entry points are
+    read from them (:mod:`diagnose.analyzers.pyframes`); nsys exports have none.
+
 ``overhead`` — profiler overhead the tracer itself recorded (Kineto ``"cat": "overhead"``:
     CUPTI/roctracer "Activity Buffer Request", "Lazy Function Loading"...): name (str),
     start_ns, end_ns, pid, tid (int64). nsys: its ``PROFILER_OVERHEAD`` table ("CUPTI Buffer
@@ -117,9 +122,16 @@ OVERHEAD_COLUMNS = {
     "pid": "int64",
     "tid": "int64",
 }
+PYTHON_FRAME_COLUMNS = {
+    "name": "category",
+    "start_ns": "int64",
+    "end_ns": "int64",
+    "pid": "int64",
+    "tid": "int64",
+}
 #: The frames of a :class:`Trace` (attribute name -> column contract).
 FRAMES = {"gpu": GPU_COLUMNS, "runtime": RUNTIME_COLUMNS, "cpu_ops": CPU_OP_COLUMNS, "annotations": ANNOTATION_COLUMNS,
-          "gpu_syncs": SYNC_COLUMNS, "overhead": OVERHEAD_COLUMNS}
+          "gpu_syncs": SYNC_COLUMNS, "overhead": OVERHEAD_COLUMNS, "python_frames": PYTHON_FRAME_COLUMNS}
 
 
 def factorize(values: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -257,6 +269,7 @@ class Trace:
     annotations: pd.DataFrame = field(default_factory=lambda: frame(ANNOTATION_COLUMNS))
     gpu_syncs: pd.DataFrame = field(default_factory=lambda: frame(SYNC_COLUMNS))
     overhead: pd.DataFrame = field(default_factory=lambda: frame(OVERHEAD_COLUMNS))
+    python_frames: pd.DataFrame = field(default_factory=lambda: frame(PYTHON_FRAME_COLUMNS))
     devices: list[DeviceInfo] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     quality: list[QualityIssue] = field(default_factory=list)

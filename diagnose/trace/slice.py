@@ -29,7 +29,7 @@ def parse_window(spec: str | None) -> tuple[float, float] | None:
 
 
 _SPAN_FRAMES = ("gpu", "runtime", "cpu_ops", "annotations")
-_SLICED_FRAMES = ("gpu", "runtime", "cpu_ops", "annotations", "gpu_syncs", "overhead")
+_SLICED_FRAMES = ("gpu", "runtime", "cpu_ops", "annotations", "gpu_syncs", "overhead", "python_frames")
 
 
 def trace_start_ns(trace: Trace) -> int | None:
