@@ -47,7 +47,8 @@ def analysis_options(fn: Callable | None = None, *, device_help: str | None = No
             click.option("--capture-trace", type=click.Path(dir_okay=False), default=None, metavar="FILE",
                          help="The CUDA-graph capture trace matching a replay trace: maps replayed kernels to ops and shapes."),
             click.option("--phase-regex", "phase_regex", multiple=True, metavar="PHASE=REGEX",
-                         help="Extra step-marker regex for a phase (prefill, decode, mixed); repeatable."),
+                         help="Steps of a phase (prefill, decode, mixed): a regex (re.search) on step-marker and GPU "
+                              "annotation names, else on with_stack python frames ('file(line): function'); repeatable."),
             click.option("--window", default=None, metavar="START:END",
                          help="Analyse only events starting in this window, ms from the trace start (e.g. 100:250, 500:)."),
             click.option("--device", type=int, default=None,

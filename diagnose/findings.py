@@ -322,14 +322,15 @@ def _steps(steps: list[Step], out: Findings) -> None:
 def _user_timed(steps: list[Step], out: Findings) -> None:
     """User-timed CPU regions shorter than the GPU work they launched (S7). Engine step markers
     (vLLM, SGLang, this project's collector) end before their GPU work by design (asynchronous
-    launch); only regions the user timed themselves (--phase-regex) count."""
+    launch); only ranges the user timed themselves (--phase-regex on a marker, not on an engine's
+    python frame, which also returns before its GPU work by design) count."""
     with_gpu = timed = shorter = 0
     ratios = []
     for s in steps:
         if s.gpu_start_ns is None or s.gpu_end_ns is None or s.scope != "cpu":
             continue
         with_gpu += 1
-        if not str(s.grammar or "").startswith("user:"):
+        if not str(s.grammar or "").startswith("user:") or s.evidence != "marker":
             continue
         timed += 1
         cpu, gpu = s.end_ns - s.start_ns, s.gpu_end_ns - s.gpu_start_ns

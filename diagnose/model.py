@@ -43,7 +43,8 @@ NonNegative = Annotated[float, Meta(ge=0)]
 Number = Union[int, float]
 
 PhaseName = Literal[vocab.PHASES]  # type: ignore[valid-type]
-StepPhase = Literal[vocab.STEP_PHASES]  # type: ignore[valid-type]
+StepPhase = Literal[vocab.STEP_PHASES + ("unknown",)]  # type: ignore[valid-type]
+StepEvidence = Literal[vocab.STEP_EVIDENCE]  # type: ignore[valid-type]
 GapKind = Literal[vocab.GAP_KINDS]  # type: ignore[valid-type]
 GapCause = Literal[vocab.GAP_CAUSES]  # type: ignore[valid-type]
 Category = Literal[vocab.CATEGORIES]  # type: ignore[valid-type]
@@ -316,6 +317,7 @@ class Step(Record, kw_only=True):
 
     name: str
     phase: StepPhase
+    evidence: StepEvidence
     grammar: str
     start_ns: int
     end_ns: int

@@ -134,7 +134,11 @@ def attach_verdicts(analysis_or_report, ruleset=None, device: int | None = None)
 TRACE_TYPE_HEADLINES = {
     "graph_capture": "this is a CUDA/HIP graph capture pass: nothing executed, so no timing conclusion; profile a replay "
                      "(and give this file as --capture-trace to map the replay's kernels to ops)",
-    "training_trace": "a training step (autograd backward ran): no prefill/decode reading applies",
+    "training_trace": "a training step (backward pass, optimizer): no prefill/decode reading applies",
+    "vision_forward": "a convolutional (vision) forward, not LLM serving: no prefill/decode reading applies",
+    "diffusion_loop": "a loop of identical GEMM + attention steps without KV cache or sampler (a diffusion denoising loop), "
+                      "not LLM serving: no prefill/decode reading applies",
+    "encoder_forward": "a bidirectional (encoder) transformer forward, not LLM serving: no prefill/decode reading applies",
     "fragment": "the window holds part of a forward: TPOT, MBU and the bound ratio cannot be read from it",
     "no_gpu_activity": "no GPU activity in the trace: nothing to say about GPU time",
     "cold_start": "first-iteration costs (lazy loading, compilation) are in the window: profile a warmed-up iteration",

@@ -32,10 +32,34 @@ class MarkerGrammar(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     pattern: str
     source: str
     phase_map: Optional[dict[str, Literal[STEP_PHASES]]] = None  # type: ignore[valid-type]
+    evidence: Literal["marker", "profiler_step"] = "marker"
+
+
+class NotStepRow(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    name: str
+    pattern: str
+    source: str
+
+
+class FrameGrammar(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    name: str
+    pattern: str
+    source: str
+    inner: Optional[str] = None
+
+
+class PhaseFrame(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    name: str
+    phase: Literal[STEP_PHASES]  # type: ignore[valid-type]
+    pattern: str
+    source: str
 
 
 class MarkerTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     grammars: list[MarkerGrammar]
+    not_steps: list[NotStepRow] = []
+    frames: list[FrameGrammar] = []
+    phase_frames: list[PhaseFrame] = []
 
 
 class HostCallRow(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -116,8 +140,13 @@ def load_table(filename: str, kind: Any):
             if s.row not in rows:
                 raise DiagnoseError(f"diagnose/data/{filename}: short name {s.name!r} maps to {s.row!r}, which is not a row")
     else:
-        for r in getattr(table, "categories", None) or getattr(table, "grammars", None) or getattr(table, "rows", None) or ():
+        rows = list(getattr(table, "categories", None) or getattr(table, "grammars", None) or getattr(table, "rows", None) or ())
+        for extra in ("not_steps", "frames", "phase_frames"):
+            rows += list(getattr(table, extra, None) or ())
+        for r in rows:
             _compile(r.pattern, f"diagnose/data/{filename}", re.IGNORECASE)
+            if getattr(r, "inner", None):
+                _compile(r.inner, f"diagnose/data/{filename}", re.IGNORECASE)
     return table
 
 

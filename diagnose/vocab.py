@@ -12,8 +12,12 @@ from dataclasses import dataclass
 
 #: Phases of a report row; ``all`` is everything on a device, ``unknown`` activity no step claims.
 PHASES = ("all", "prefill", "decode", "mixed", "unknown")
-#: Phases a step can have.
+#: Phases a step can have (a step whose phase cannot be told is ``unknown``: STEP_PHASES + ("unknown",)).
 STEP_PHASES = ("prefill", "decode", "mixed")
+#: What a step was found from, in order of trust (README "Steps").
+STEP_EVIDENCE = ("marker", "profiler_step", "python_frame", "structure", "shapes")
+#: Quality codes of traces that are not LLM serving: steps are found and timed, no prefill/decode reading.
+NON_LLM_TRACE_TYPES: tuple[str, ...] = ("training_trace", "vision_forward", "encoder_forward", "diffusion_loop")
 
 #: Phase names a finding may start with: the report's phase rows, plus ``main``, the step
 #: phase with the most own time on the device (``all`` when the trace has no steps). Rules
@@ -152,10 +156,16 @@ class QualityCode:
 
 QUALITY_TABLE: tuple[QualityCode, ...] = (
     QualityCode("no_gpu_activity", "no kernels, memcpy or memset: GPU numbers unavailable (CPU-only traces are not an error)"),
-    QualityCode("missing_markers", "no step markers and no usable shapes: phase `unknown`"),
-    QualityCode("phase_regex_unmatched", "a `--phase-regex` matched no range in the trace"),
+    QualityCode("no_steps", "no step found (no step marker, ProfilerStep, engine python frame or repeating GPU structure): the message says what to capture"),
+    QualityCode("steps_from_structure", "no markers or engine frames: steps guessed from the repeating bursts of GPU work (boundaries from the trace's own idle gaps or kernel sequence)"),
+    QualityCode("phase_unknown", "steps found, but nothing in them tells prefill from decode: phase `unknown` (use --phase-regex PHASE=REGEX)"),
+    QualityCode("phase_regex_unmatched", "a `--phase-regex` matched no range or python frame in the trace"),
+    QualityCode("phase_regex_contradicted", "a `--phase-regex` label disagrees with what its steps show (shapes, token/row counts, the engine's path): the label is kept"),
     QualityCode("phases_from_shapes", "no step markers: phases read from operator shapes"),
-    QualityCode("training_trace", "autograd backward ops found: a training step, so no prefill/decode phase is inferred"),
+    QualityCode("training_trace", "a training step (autograd backward ops or kernels, optimizer ranges): steps are timed, no prefill/decode reading"),
+    QualityCode("vision_forward", "a convolutional (vision) forward, not LLM serving: steps are timed, no prefill/decode reading"),
+    QualityCode("encoder_forward", "a transformer forward with bidirectional attention and no KV cache or sampler (an encoder, or one block), not LLM serving: no prefill/decode reading"),
+    QualityCode("diffusion_loop", "repeated identical steps of GEMM + attention with no KV-cache write, sampler or causal attention (a denoising loop): steps are timed, no prefill/decode reading"),
     QualityCode("unlinked_kernels", "GPU activities without a host launch call of the same correlation id"),
     QualityCode("orphan_launches", "kernel launch calls without a GPU record (the profiler dropped them; where they sit in the message): steps holding one are left out of the per-step numbers"),
     QualityCode("step_attribution_unreliable", "decode steps of one batch size with > 100x different GPU work: kernels not attributed to the step that launched them; their own times are not reported, TPOT from the steps' completions is kept"),

@@ -64,9 +64,9 @@ def analyze(trace: Trace, options: AnalysisOptions | None = None, capture: Captu
     if capture is None and opts.capture_trace:
         capture = load_capture_mapping(opts.capture_trace)
     notes = Notes(trace.quality)
-    split = phases.split_steps(trace, opts.phase_regex, opts.batch)
-    notes.extend(split.notes)
     links = launches.launch_links(trace)
+    split = phases.split_steps(trace, opts.phase_regex, opts.batch, links.frame)
+    notes.extend(split.notes)
     notes.extend(links.notes)
     acts = activities.activity_table(trace, split, links.frame)
     notes.extend(acts.notes)
@@ -75,7 +75,7 @@ def analyze(trace: Trace, options: AnalysisOptions | None = None, capture: Captu
     prep = attainment.prepare_attainment(trace, opts, steps, acts.frame, acts.devices)
     notes.extend(prep.notes)
     steps = prep.steps
-    kind = tracetype.classify_trace(trace, steps, acts.frame, prep.inputs.spec is not None)
+    kind = tracetype.classify_trace(trace, steps, acts.frame, prep.inputs.spec is not None, split.workload.code)
     notes.extend(kind.notes)
     rows = phasestats.phase_rows(trace, acts.frame, steps, w, acts.devices, prep, acts.unreliable, kind.fragment_steps)
     notes.extend(rows.notes)

@@ -171,7 +171,8 @@ def phase_rows(trace: Trace, activities: pd.DataFrame, steps: pd.DataFrame, wait
         unk = sub_all[um]
         if len(unk):
             wall = int(unk["end_ns"].max() - unk["start_ns"].min())
-            phases.append(phase_stats("unknown", dev, unk, 0, wall, **kw))
+            n_unknown = int((dev_steps["phase"] == "unknown").sum()) if len(dev_steps) else 0  # steps without a phase
+            phases.append(phase_stats("unknown", dev, unk, n_unknown, wall, **kw))
     return PhaseRows(phases, frozenset(frag_steps), tuple(notes.issues))
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analyzers.base import Notes
-from diagnose.analyzers.phases import _is_int_list
+from diagnose.analyzers.stepphase import _is_int_list
 from diagnose.analyzers.waits import _cause_of, _cpu_ranges
 from diagnose.trace.kineto import parse_input_dims
 from diagnose.trace.model import QualityIssue, Trace, per_unique
@@ -160,12 +160,14 @@ class TraceType:
     notes: tuple[QualityIssue, ...] = ()
 
 
-def classify_trace(trace: Trace, steps: pd.DataFrame, activities: pd.DataFrame, has_model_config: bool) -> TraceType:
+def classify_trace(trace: Trace, steps: pd.DataFrame, activities: pd.DataFrame, has_model_config: bool,
+                   workload: str | None = None) -> TraceType:
     """Quality codes graph_capture, cold_start, python_tracing_overhead and (without a model
-    config) fragment."""
+    config) fragment; ``workload``: the code of a trace that is not LLM serving
+    (:mod:`diagnose.analyzers.workload`), whose steps are not judged as parts of an LLM forward."""
     notes = Notes()
     _graph_capture(trace, notes)
     _cold_start(trace, notes)
     _python_tracing(trace, notes)
-    frag = _fragment(trace, steps, activities, has_model_config, notes)
+    frag = () if workload else _fragment(trace, steps, activities, has_model_config, notes)
     return TraceType(frag, tuple(notes.issues))

@@ -38,6 +38,24 @@ def headline_text(h: dict[str, Any] | None) -> str:
     return safe(text)
 
 
+_EVIDENCE_WORDS = {"marker": "step markers", "profiler_step": "ProfilerStep ranges", "python_frame": "engine python frames",
+                   "structure": "the GPU work's structure (guessed)", "shapes": "the whole trace"}
+
+
+def steps_line(d: dict[str, Any]) -> str | None:
+    """One line on the steps: how many, of which phase, found from what; without any step,
+    the ``no_steps`` message (what to capture)."""
+    steps = d.get("steps") or []
+    if not steps:
+        return next((f"Steps: {q['message']}" for q in d.get("quality") or [] if q["code"] == "no_steps"), None)
+    phases: dict[str, int] = {}
+    for st in steps:
+        phases[st["phase"]] = phases.get(st["phase"], 0) + 1
+    ev = sorted({st.get("evidence", "marker") for st in steps})
+    return (f"Steps: {len(steps)} (" + ", ".join(f"{n} {p}" for p, n in phases.items()) + ") from "
+            + " and ".join(_EVIDENCE_WORDS.get(e, e) for e in ev))
+
+
 def render(analysis: Analysis, console: Console | None = None) -> None:
     """Print the analysis to ``console`` (stdout by default)."""
     render_report(analysis.to_dict(), console, metadata=analysis.metadata)
@@ -55,6 +73,9 @@ def render_report(d: dict[str, Any], console: Console | None = None, metadata: d
     c.print(Text(safe(f"GPU devices: {describe_devices(d['devices'], gpu) or no_gpu}")))
     if gpu and d["devices"]:
         c.print(Text(safe(f"Peaks: {describe_peak(gpu)}"), style="dim"))
+    line = steps_line(d)
+    if line:
+        c.print(Text(safe(line)))
 
     symptoms = d.get("symptoms") or []
     h = d.get("headline")
