@@ -522,13 +522,39 @@ def test_levers_already_in_place_are_not_recommended_in_any_view(tmp_path):
     assert "replay the step as a CUDA graph" not in out and "FP8 experts" not in out
 
 
-def test_compiled_block_attention_rule_reads_prompt_length_from_sdpa_and_knows_flash_is_in_place():
-    """torch_compile_triton (MI300X): one block, no aten::linear; its SDPA query is
-    [8, 16, 4096, 128] (8 prompts of 4,096 tokens) and its one attention kernel, attn_fwd
-    (3,683.509 µs), is Triton flash attention: the rule fires on the prompt length from the
-    SDPA shape and recommends a faster fused kernel, not FlashAttention."""
+def test_compiled_block_is_an_encoder_forward_not_a_prefill():
+    """torch_compile_triton (MI300X): one compiled block whose attention is bidirectional (its
+    raw events: _scaled_dot_product_flash_attention with is_causal 'False', Concrete Inputs[4];
+    no KV-cache kernel, no sampler): an encoder forward or one block, not an LLM prefill. Its
+    one window is timed (12.549 ms, first kernel start to last kernel end), no TTFT, no
+    prefill rule (prefill-mfu-low, attention-share-long-prompt) is evaluated."""
     rel = "tracelens/torch_compile_triton/trace.json.gz"
+    ev = _raw(rel)
+    sdpa = [e for e in ev if e["name"] == "aten::_scaled_dot_product_flash_attention"]
+    assert [e["args"]["Concrete Inputs"][4] for e in sdpa] == ["False"]
+    k = [e for e in ev if e.get("cat") == "kernel"]
+    span_ms = round((max(e["ts"] + e["dur"] for e in k) - min(e["ts"] for e in k)) / 1000, 6)
     r = report(rel)
+    assert [(s["phase"], s["evidence"], s["gpu_span_ms"]) for s in r["steps"]] == [("unknown", "shapes", span_ms)]
+    assert span_ms == 12.549032
+    assert "encoder_forward" in {q["code"] for q in r["quality"]}
+    assert r["latency"]["ttft_ms"] is None
+    assert not {"prefill-mfu-low", "attention-share-long-prompt"} & {s["id"] for s in r["symptoms"]}
+    assert r["headline"]["cause"] == "encoder_forward"
+
+
+def test_compiled_block_attention_rule_reads_prompt_length_from_sdpa_and_knows_flash_is_in_place(tmp_path):
+    """The same compiled block made causal (is_causal 'True' on its two attention ops: a
+    decoder block): its SDPA query is [8, 16, 4096, 128] (8 prompts of 4,096 tokens) and its
+    one attention kernel, attn_fwd (3,683.509 µs), is Triton flash attention: the rule fires
+    on the prompt length from the SDPA shape and recommends a faster fused kernel, not
+    FlashAttention."""
+    import trace_variants as tv
+
+    doc = tv.load_doc(shared_trace("tracelens/torch_compile_triton/trace.json.gz"))
+    doc = tv.set_concrete(doc, {"aten::_scaled_dot_product_flash_attention"}, 4, "True")
+    doc = tv.set_concrete(doc, {"aten::_flash_attention_forward"}, 8, "True")
+    r = diagnose_trace(str(tv.write(doc, tmp_path / "causal.json")), AnalysisOptions()).to_dict()
     assert [(s["phase"], s["batch"], s["tokens"]) for s in r["steps"]] == [("prefill", 8, 32768)]
     assert r["launches"]["fused_attention_share"] == 1.0
     s = next(s for s in r["symptoms"] if s["id"] == "attention-share-long-prompt")
