@@ -146,6 +146,24 @@ def test_sglang_decode_step_and_tpot():
     assert round(r["latency"]["tpot_ms"]["p50"], 1) == 10.4 and r["latency"]["ttft_ms"] is None
 
 
+@pytest.mark.parametrize("variant", ["sglang_capture", "vllm_capture", "h100_planted_capture"])
+def test_a_graph_capture_pass_is_never_a_step(variant, tmp_path):
+    """Nothing runs in a capture pass: SGLang's (ProfilerStep#134 holding capture_32_DECODE),
+    vLLM's (capture_32_FULL, 591 hipStreamGetCaptureInfo) and the H100 forward with a
+    capture range planted inside its ProfilerStep#6 give no step."""
+    if variant == "sglang_capture":
+        r = analyse_shared(SGL_CAPTURE)
+    elif variant == "vllm_capture":
+        r = analyse_shared("tracelens/vllm_decode_full/graph_capture_rank_0.1773709742341309550.pt.trace.json.gz")
+    else:
+        ps = raw_step(doc(H100), r"^ProfilerStep#6$")
+        cap = {"ph": "X", "cat": "user_annotation", "name": "capture_16_DECODE", "pid": 1, "tid": 1,
+               "ts": ps["ts"] + 1, "dur": ps["dur"] - 2, "args": {}}
+        r = analyse(tv.write(tv._with_events(doc(H100), doc(H100)["traceEvents"] + [cap]), tmp_path / "cap.json"))
+    assert r["steps"] == [] and "no_steps" not in codes(r)
+    assert r["latency"]["ttft_ms"] is None and r["latency"]["tpot_ms"]["p50"] is None
+
+
 def test_sglang_capture_pass_has_no_step():
     """§10: ProfilerStep#134 holds capture_32_DECODE and a stream capture: nothing ran, no step."""
     assert raw_step(doc(SGL_CAPTURE), r"^ProfilerStep#134$")["name"] == "ProfilerStep#134"
@@ -284,16 +302,21 @@ def test_frames_removed_too_steps_from_structure(rel, marker, tmp_path):
     assert abs(s["gpu_span_ms"] - raw["span_ms"]) / raw["span_ms"] < 0.01
 
 
-def test_nano_vllm_cut_frame_is_not_a_step():
+@pytest.mark.parametrize("rel, evidence", [("nano-vllm-zhang-yuhui/profile_results/decode_gpu_0.json", ["shapes"]),
+                                           ("nano-vllm-zhang-yuhui/forward_10.json", ["shapes"]),
+                                           ("nano-vllm-zhang-yuhui/prefill.json", [])])
+def test_nano_vllm_cut_frame_is_not_a_step(rel, evidence):
     """nano-vllm's LLMEngine.step frame is still open when the profiler stops (it and its
-    callees end together at the last python frame end): a piece of a step, not one."""
-    d = doc("nano-vllm-zhang-yuhui/profile_results/decode_gpu_0.json")
+    callees end together at the last python frame end): a piece of a step, not one. The
+    window is read as a whole (a decode fragment from its shapes), or, without GPU work, no step."""
+    d = doc(rel)
     frames = [e for e in _x(d) if e.get("cat") == "python_function"]
     last = max(e["ts"] + e["dur"] for e in frames)
     step = next(e for e in frames if re.search(r"nanovllm/engine/llm_engine\.py\(\d+\): step$", e["name"]))
-    assert step["ts"] + step["dur"] == last
-    r = analyse_shared("nano-vllm-zhang-yuhui/profile_results/decode_gpu_0.json")
-    assert [s["evidence"] for s in r["steps"]] == ["shapes"] and "fragment" in codes(r)
+    assert step["ts"] + step["dur"] == pytest.approx(last, abs=1e-3)
+    r = analyse_shared(rel)
+    assert [s["evidence"] for s in r["steps"]] == evidence
+    assert ("fragment" if evidence else "no_steps") in codes(r)
 
 
 # ------------------------------------------------- kernels only: steps from the structure
@@ -422,6 +445,13 @@ def test_encoder_forward(variant, tmp_path):
     r = analyse(tv.write(d, tmp_path / "e.json"))
     assert "encoder_forward" in codes(r) and len(r["steps"]) == 1 and r["steps"][0]["phase"] == "unknown"
     assert r["latency"]["ttft_ms"] is None and not prefill_or_decode_rules(r)
+
+
+def test_one_backward_kernel_is_not_a_training_step():
+    """nvFuser's cross-entropy benchmark (nsys) runs one backward kernel, nll_loss_backward, as
+    its reference: an op benchmark, not a training step (a model's backward runs several kinds)."""
+    r = analyse_shared("nvfuser/ee4fcf3/report1.sqlite")
+    assert "training_trace" not in codes(r) and "no_steps" in codes(r)
 
 
 def test_kernels_only_resnet_is_training(tmp_path):

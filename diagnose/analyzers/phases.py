@@ -179,12 +179,13 @@ def _range_rows(frame: pd.DataFrame, grammars, scope: str) -> list[dict]:
 
 
 def marker_rows(trace: Trace, grammars) -> list[dict]:
-    """Candidate step rows from CPU annotations; without any match, from operator events
-    (PyTorch <= 1.9 wrote record_function ranges as Operator events), then from GPU-side
-    annotations (CPU markers win: GPU-side copies of the same ranges are not extra steps)."""
+    """Candidate step rows from CPU annotations; in a trace without any, from operator events
+    (PyTorch <= 1.9 wrote record_function ranges as Operator events); without a match, from
+    GPU-side annotations (CPU markers win: GPU-side copies of the same ranges are not extra steps)."""
     ann = trace.annotations
-    rows = _range_rows(ann[ann["scope"] == "cpu"], grammars, "cpu") if len(ann) else []
-    if not rows:
+    cpu = ann[ann["scope"] == "cpu"] if len(ann) else ann
+    rows = _range_rows(cpu, grammars, "cpu")
+    if not rows and len(cpu) == 0:  # PyTorch <= 1.9: no user_annotation category at all
         rows = _range_rows(trace.cpu_ops, grammars, "cpu")
     if not rows and len(ann):
         rows = _range_rows(ann[ann["scope"] == "gpu"], grammars, "gpu")

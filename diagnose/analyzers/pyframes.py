@@ -55,12 +55,17 @@ def _matches(pf: pd.DataFrame, patterns: list[tuple[str, re.Pattern]]) -> np.nda
     return hit[codes]
 
 
+#: Frames closed by the profiler's stop share one end time, up to the conversion of their
+#: float µs start and duration to ns (the JSON's resolution; 1 µs in older traces).
+CUT_TOLERANCE_NS = 1_000
+
+
 def _cut(pf: pd.DataFrame) -> np.ndarray:
     """Frames closed by the profiler's stop (module docstring): True where the frame ends at
     the last python frame end and at least one other frame ends at that same instant."""
     end = pf["end_ns"].to_numpy()
     last = end.max()
-    at_last = end == last
+    at_last = end >= last - CUT_TOLERANCE_NS
     return at_last if at_last.sum() >= 2 else np.zeros(len(end), dtype=bool)
 
 

@@ -5,8 +5,10 @@ their steps are still found and timed, but no prefill/decode phase is read from 
 TTFT, TPOT or phase MFU/MBU, so no prefill or decode rule applies). The evidence, in order:
 
 1. ``training_trace``: autograd backward ops (``*_backward``, ``autograd::engine::evaluate_function``),
-   backward kernels (cuDNN ``dgrad``/``wgrad``, ``bn_bw``, ``*backward*``) or optimizer ranges
-   (``Optimizer.step#``, ``Optimizer.zero_grad#``, ``## zero_grad ##``).
+   optimizer ranges (``Optimizer.step#``, ``Optimizer.zero_grad#``, ``## zero_grad ##``), or
+   backward kernels (cuDNN ``dgrad``/``wgrad``, ``bn_bw``, ``*backward*``) of at least two kinds
+   (a model's backward pass runs the backward of several layer kinds; a single one, e.g. a
+   loss's backward in an op benchmark, is not a training step).
 2. LLM serving (no code): a KV-cache kernel (paged attention, ``reshape_and_cache``,
    ``store_kvcache``...), a sampler (``argmax``/``topk``/``multinomial``/``sort`` on
    vocabulary-wide logits, an engine's sampler frames), an engine step marker or frame, or
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from diagnose.analyzers.categories import CATEGORY_NAMES, category_ids
+from diagnose.analyzers.categories import CATEGORY_NAMES, base_name, category_ids
 from diagnose.analyzers.opcost import _CAUSAL_ARG, _flag
 from diagnose.analyzers.stepphase import SAMPLER_OPS, VOCAB_MIN, _is_int_list
 from diagnose.analyzers.structure import CONV_KERNEL, SIM, weighted_jaccard_pairs
@@ -63,9 +65,11 @@ class Evidence:
     conv_ms: float = 0.0
     gemm_ms: float = 0.0
 
+    backward_kernel_kinds: int = 0
+
     @property
     def training(self) -> bool:
-        return bool(self.backward_ops or self.backward_kernels or self.optimizer_ranges)
+        return bool(self.backward_ops or self.optimizer_ranges or self.backward_kernel_kinds >= 2)
 
     @property
     def llm(self) -> bool:
@@ -105,7 +109,7 @@ def trace_evidence(trace: Trace) -> Evidence:
             flag = _flag(parse_input_dims(craw) if craw is not None else None, _CAUSAL_ARG[name])
             causal += flag is True
             bidir += flag is False
-    bw_k = kv = attn = gemm = 0
+    bw_k = kv = attn = gemm = bw_kinds = 0
     conv_ms = gemm_ms = 0.0
     if len(g):
         codes, names = factorize(g["name"])
@@ -120,8 +124,9 @@ def trace_evidence(trace: Trace) -> Evidence:
         gm = np.isin(cat, ("gemm", "moe")) & is_kernel & ~conv
         at = (cat == "attention") & is_kernel & ~kvk
         bw_k, kv, attn, gemm = int(bwk.sum()), int(kvk.sum()), int(at.sum()), int(gm.sum())
+        bw_kinds = len({base_name(str(names[c])) for c in np.unique(codes[bwk])})
         conv_ms, gemm_ms = float(dur[conv].sum()) / 1e6, float(dur[gm].sum()) / 1e6
-    return Evidence(backward_ops, bw_k, optim, kv, sampler, causal, bidir, attn, gemm, conv_ms, gemm_ms)
+    return Evidence(backward_ops, bw_k, optim, kv, sampler, causal, bidir, attn, gemm, conv_ms, gemm_ms, bw_kinds)
 
 
 def repeated_steps(step_idx: np.ndarray, codes: np.ndarray, n_steps: int) -> bool:
@@ -143,7 +148,7 @@ def classify(ev: Evidence, engine_steps: bool, repeated: int) -> Workload:
     ``repeated``: the number of steps when they repeat (:func:`repeated_steps`), else 0."""
     if ev.training:
         parts = [f"{n:,} {what}" for n, what in ((ev.backward_ops, "autograd backward ops"),
-                                                  (ev.backward_kernels, "backward kernels"),
+                                                  (ev.backward_kernels if ev.backward_kernel_kinds >= 2 else 0, "backward kernels"),
                                                   (ev.optimizer_ranges, "optimizer ranges")) if n]
         return _note("training_trace", f"a training step ({', '.join(parts)}): steps are timed, no prefill/decode "
                         "reading (TTFT, TPOT, phase MFU/MBU) applies", ev)
