@@ -36,7 +36,7 @@ from diagnose.analyzers.opcost import _CAUSAL_ARG, _flag
 from diagnose.analyzers.stepphase import SAMPLER_OPS, VOCAB_MIN, _is_int_list
 from diagnose.analyzers.structure import CONV_KERNEL, SIM, weighted_jaccard_pairs
 from diagnose.trace.kineto import parse_input_dims
-from diagnose.trace.model import Trace, factorize, per_unique
+from diagnose.trace.model import Trace, factorize
 
 BACKWARD_OP = re.compile(r"_backward|autograd::engine::evaluate_function")
 BACKWARD_KERNEL = re.compile(r"wgrad|dgrad|bn_bw|backward|updateGradInput", re.I)
@@ -86,16 +86,24 @@ class Workload:
     evidence: Evidence = Evidence()
 
 
-def _names(values: pd.Series, rx: re.Pattern) -> int:
-    return int(per_unique(values, lambda u: bool(rx.search(str(u)))).sum()) if len(values) else 0
+def _name_counts(values: pd.Series) -> pd.Series:
+    """Occurrences per distinct name (a hash of the column, not a factorization: op names are
+    hundreds of thousands of Python str)."""
+    return values.value_counts(sort=False) if len(values) else pd.Series([], dtype=np.int64)
+
+
+def _count(counts: pd.Series, rx: re.Pattern) -> int:
+    """How many of the counted names ``rx`` matches (each distinct name matched once)."""
+    return int(sum(c for u, c in counts.items() if rx.search(str(u))))
 
 
 def trace_evidence(trace: Trace) -> Evidence:
     """The counts of :class:`Evidence` (each distinct name classified once)."""
     ops, ann, g = trace.cpu_ops, trace.annotations, trace.gpu
-    backward_ops = _names(ops["name"], BACKWARD_OP)
-    optim = _names(ann[ann["scope"] == "cpu"]["name"], OPTIMIZER_RANGE) + _names(ops["name"], OPTIMIZER_RANGE)
-    sampler = _names(trace.python_frames["name"], SAMPLER_FRAME) if len(trace.python_frames) else 0
+    op_counts = _name_counts(ops["name"])
+    backward_ops = _count(op_counts, BACKWARD_OP)
+    optim = _count(_name_counts(ann[ann["scope"] == "cpu"]["name"]), OPTIMIZER_RANGE) + _count(op_counts, OPTIMIZER_RANGE)
+    sampler = _count(_name_counts(trace.python_frames["name"]), SAMPLER_FRAME)
     causal = bidir = 0
     if len(ops):
         sub = ops[ops["name"].isin(SAMPLER_OPS | set(_CAUSAL_ARG))]
