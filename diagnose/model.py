@@ -313,7 +313,9 @@ class Wait(Record, kw_only=True):
 
 
 class Step(Record, kw_only=True):
-    """One engine step (the innermost step marker): README "Step time model"."""
+    """One step, from the evidence ``evidence`` names (a step marker, ProfilerStep, an engine
+    python frame, the GPU structure or the whole trace's shapes: README "Steps"); timed as in
+    README "Step time model". ``phase`` is ``unknown`` when nothing in the step tells it."""
 
     name: str
     phase: StepPhase
