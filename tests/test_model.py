@@ -51,7 +51,7 @@ OLD_CONSTRAINTS = [
     ('latency/decode_step_ms', 'required', ["p50", "p90", "p99", "mean"]),
     ('latency/mixed_step_ms', 'required', ["p50", "p90", "p99", "mean"]),
     ('steps/[]', 'required', ["name", "phase", "grammar", "start_ns", "end_ns", "scope", "gpu_span_ms", "gpu_busy_ms", "own_ms", "waits", "idle_by_cause_ms", "gpu_start_ns", "gpu_end_ns", "activity_count", "wall_ns"]),
-    ('steps/[]/phase', 'enum', ["prefill", "decode", "mixed"]),
+    ('steps/[]/phase', 'enum', ["prefill", "decode", "mixed", "unknown"]),  # unknown: a step whose phase nothing tells (issue 21)
     ('steps/[]/scope', 'enum', ["cpu", "gpu"]),
     ('steps/[]/waits/[]', 'required', ["where", "start_ms", "ms", "cause", "host_call", "waited_on"]),
     ('steps/[]/waits/[]/where', 'enum', ["before", "inside"]),

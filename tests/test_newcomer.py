@@ -30,23 +30,26 @@ def _notes(a, code):
 def test_pt19_training_traces_say_training_by_their_legacy_backward_names(rel):
     """PyTorch 1.8/1.9 name backward work by its autograd node (`CudnnConvolutionBackward`) and
     aten op (`aten::nll_loss_backward`), with no `autograd::engine::evaluate_function` range:
-    the two ResNet-50 training traces are training traces, not traces "missing markers"."""
+    the two ResNet-50 training traces are training traces; their six ProfilerStep ranges are
+    timed, with no phase."""
     a = run_analysis(str(shared_trace(rel)))
-    assert _notes(a, "training_trace") == [
-        "autograd backward ops in the trace (e.g. 'aten::nll_loss_backward'): a training step, not inference; "
-        "phase 'unknown'"]
-    assert not _notes(a, "missing_markers") and len(a.steps) == 0
+    (msg,) = _notes(a, "training_trace")
+    assert "autograd backward ops" in msg and "e.g. 'aten::nll_loss_backward'" in msg
+    assert not _notes(a, "phase_unknown") and len(a.steps) == 6 and set(a.steps["phase"]) == {"unknown"}
 
 
 def _legacy_without_backward(tmp_path):
-    """The PyTorch 1.8 ResNet-50 trace with every backward op removed: a legacy trace (operators
-    in category "Operator", ProfilerStep#N among them) with no marker and no telling shape."""
+    """The PyTorch 1.8 ResNet-50 trace with every backward op, backward kernel and optimizer
+    range removed: a legacy trace (operators in category "Operator", ProfilerStep#N among
+    them) with no marker and no telling shape."""
     doc = json.loads(gzip.decompress(shared_trace(
         "kineto-tb-plugin/resnet50_num_workers_0_pt1.8/worker0.pt.trace.json.gz").read_bytes()))
     import re
 
-    bw = re.compile(r"(_backward|Backward\d*$)")
-    doc["traceEvents"] = [e for e in doc["traceEvents"] if not (e.get("cat") == "Operator" and bw.search(str(e.get("name"))))]
+    bw = re.compile(r"(_backward|Backward\d*$|^Optimizer\.)")
+    bwk = re.compile(r"wgrad|dgrad|bn_bw|backward|updateGradInput", re.I)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not (e.get("cat") == "Operator" and bw.search(str(e.get("name"))))
+                          and not (e.get("cat") == "Kernel" and bwk.search(str(e.get("name"))))]
     p = tmp_path / "pt18_no_backward.json"
     p.write_text(json.dumps(doc))
     return p
@@ -54,28 +57,35 @@ def _legacy_without_backward(tmp_path):
 
 @pytest.mark.slow  # rewrites and analyses a 33k-operator trace
 def test_legacy_trace_without_markers_says_why(tmp_path):
+    """Its ProfilerStep#N operators are the steps; without the backward pass it is a ResNet
+    forward: convolutions outweigh the GEMMs, a vision forward, which is why no phase is read."""
     a = run_analysis(str(_legacy_without_backward(tmp_path)))
-    assert _notes(a, "missing_markers") == [
-        "no step markers (no range named like a vLLM, SGLang or diagnose collect step); a PyTorch <= 1.9 trace "
-        "(ProfilerStep#N written as an operator): its operators were searched for step markers too; its operators carry "
-        "no 'Input Dims' shapes (torch.profiler records them with record_shapes=True): phase is 'unknown' (use "
-        "--phase-regex PHASE=REGEX)"]
+    assert a.steps["name"].tolist() == [f"ProfilerStep#{i}" for i in range(5, 11)]
+    assert set(a.steps["phase"]) == {"unknown"} and not _notes(a, "training_trace")
+    (msg,) = _notes(a, "vision_forward")
+    assert msg.startswith("a convolutional (vision) forward: convolution kernels take")
     # (PyTorch 1.8 writes its shapes as "Input dims", which the loader does not read: no shapes here)
 
 
 def test_no_operators_and_no_shapes_say_so(kineto, tmp_path):
-    # a trace with kernels and launches only (as HTA's 4-kernel "inference" fragment)
+    # a step marker without a phase (ProfilerStep) over kernels and launches only
     b = kineto()
+    b.annotation("ProfilerStep#1", 0, 40)
     b.launch("gemm", 10, 10, launch_ts=0)
-    msg = _notes(run_analysis(str(b.write(tmp_path / "no_ops.json"))), "missing_markers")
+    msg = _notes(run_analysis(str(b.write(tmp_path / "no_ops.json"))), "phase_unknown")
     assert msg and "the trace holds no CPU operators, so no shapes to read a phase from" in msg[0]
     # operators recorded without shapes (record_shapes=False)
     b = kineto()
+    b.annotation("ProfilerStep#1", 0, 40)
     b.cpu_op("aten::linear", 0, 30)
     b.launch("gemm", 10, 10, launch_ts=5)
-    msg = _notes(run_analysis(str(b.write(tmp_path / "no_shapes.json"))), "missing_markers")
+    msg = _notes(run_analysis(str(b.write(tmp_path / "no_shapes.json"))), "phase_unknown")
     assert msg and "its operators carry no 'Input Dims' shapes (torch.profiler records them with record_shapes=True)" in msg[0]
-    assert "PyTorch <= 1.9" not in msg[0]
+    # no step at all: one line on what to capture
+    b = kineto()
+    b.launch("gemm", 10, 10, launch_ts=0)
+    msg = _notes(run_analysis(str(b.write(tmp_path / "no_step.json"))), "no_steps")
+    assert msg and "with_stack=True" in msg[0]
 
 
 def _legacy_op(b, name, ts, dur, input_dims=None):
@@ -98,7 +108,7 @@ def test_legacy_step_markers_written_as_operators_are_steps(kineto, tmp_path):
     assert a.steps[["name", "phase", "grammar"]].values.tolist() == [
         ["execute_context_1(128)_generation_0(0)", "prefill", "vllm-v1-context"],
         ["execute_context_0(0)_generation_1(1)", "decode", "vllm-v1-context"]]
-    assert not _notes(a, "missing_markers")
+    assert not _notes(a, "phase_unknown")
 
 
 def test_legacy_profiler_steps_are_shape_windows(kineto, tmp_path):
@@ -110,9 +120,9 @@ def test_legacy_profiler_steps_are_shape_windows(kineto, tmp_path):
         b.cpu_op("aten::linear", s + 10, 100, input_dims=phase_dims)
         b.launch("gemm", s + 200, 100, launch_ts=s + 20)
     a = run_analysis(str(b.write(tmp_path / "legacy_steps.json")))
-    assert a.steps[["name", "phase", "grammar"]].values.tolist() == [
-        ["ProfilerStep#1", "prefill", "shapes"], ["ProfilerStep#2", "decode", "shapes"]]
-    assert _notes(a, "phases_from_shapes") and "the ProfilerStep ranges" in _notes(a, "phases_from_shapes")[0]
+    assert a.steps[["name", "phase", "evidence"]].values.tolist() == [
+        ["ProfilerStep#1", "prefill", "profiler_step"], ["ProfilerStep#2", "decode", "profiler_step"]]
+    assert _notes(a, "phases_from_shapes") and "profiler step evidence" in _notes(a, "phases_from_shapes")[0]
 
 
 # ------------------------------------------------------------------ rules list

@@ -510,11 +510,12 @@ def split_steps(trace: Trace, phase_regex: tuple[str, ...] | list[str] = (), bat
         used = _resolve_phases(trace, steps, batch)
         _check_user_labels(trace, steps, batch, notes)
     containers = _container_phases(steps, containers)
-    _notes(notes, steps, found, used, kind, len(capture[0]) > 0)
+    _notes(notes, trace, steps, found, used, kind, len(capture[0]) > 0)
     return StepSplit(steps, containers, tuple(notes.issues), kind, found)
 
 
-def _notes(notes: Notes, steps: pd.DataFrame, found, used: list[str], kind: workload.Workload, capture: bool) -> None:
+def _notes(notes: Notes, trace: Trace, steps: pd.DataFrame, found, used: list[str], kind: workload.Workload,
+           capture: bool) -> None:
     """The split's quality notes: how the steps were found and phased, or that none were."""
     n = len(steps)
     if n == 0:
@@ -535,5 +536,15 @@ def _notes(notes: Notes, steps: pd.DataFrame, found, used: list[str], kind: work
         unknown = int((steps["phase"] == "unknown").sum())
         if unknown:
             notes.note("phase_unknown", f"{unknown} of {n} step(s) show nothing that tells prefill from decode (no phase in "
-                       "their marker, no decisive shapes, token/row counts or engine path): phase 'unknown' (use "
-                       "--phase-regex PHASE=REGEX)", unknown)
+                       f"their marker; {_why_no_phase(trace)}): phase 'unknown' (use --phase-regex PHASE=REGEX)", unknown)
+
+
+def _why_no_phase(trace: Trace) -> str:
+    """What the phase evidence lacked: operators, their shapes, or a telling shape."""
+    ops = trace.cpu_ops
+    if len(ops) == 0:
+        return "the trace holds no CPU operators, so no shapes to read a phase from"
+    if ops["input_dims"].isna().all():
+        return "its operators carry no 'Input Dims' shapes (torch.profiler records them with record_shapes=True)"
+    return ("no aten::linear [B, S, H], attention shape, token/row count or engine path tells prefill from decode "
+            "(2-D [tokens, hidden] linears need --batch)")

@@ -38,7 +38,10 @@ from diagnose.analyzers.structure import CONV_KERNEL, SIM, weighted_jaccard_pair
 from diagnose.trace.kineto import parse_input_dims
 from diagnose.trace.model import Trace, factorize
 
-BACKWARD_OP = re.compile(r"_backward|autograd::engine::evaluate_function")
+#: Autograd backward work: the engine's ``autograd::engine::evaluate_function: XBackward0``
+#: ranges (PyTorch >= 1.10), and in PyTorch <= 1.9 traces the backward nodes themselves
+#: (``CudnnConvolutionBackward``, ``AddmmBackward``) and the ``aten::*_backward*`` ops they run.
+BACKWARD_OP = re.compile(r"^(?:autograd::engine::evaluate_function|aten::\w*_backward(?:_\w+)?$|[A-Z]\w*Backward\d*$)")
 BACKWARD_KERNEL = re.compile(r"wgrad|dgrad|bn_bw|backward|updateGradInput", re.I)
 OPTIMIZER_RANGE = re.compile(r"^Optimizer\.(?:step|zero_grad)#|^## zero_grad ##$")
 #: Kernels that write a paged KV cache (attention-category names, but no attention compute).
@@ -66,6 +69,7 @@ class Evidence:
     gemm_ms: float = 0.0
 
     backward_kernel_kinds: int = 0
+    backward_example: str | None = None  # one backward op's name, for the message
 
     @property
     def training(self) -> bool:
@@ -97,11 +101,17 @@ def _count(counts: pd.Series, rx: re.Pattern) -> int:
     return int(sum(c for u, c in counts.items() if rx.search(str(u))))
 
 
+def _first(counts: pd.Series, rx: re.Pattern) -> str | None:
+    """The first counted name (in trace order) ``rx`` matches."""
+    return next((str(u) for u in counts.index if rx.search(str(u))), None)
+
+
 def trace_evidence(trace: Trace) -> Evidence:
     """The counts of :class:`Evidence` (each distinct name classified once)."""
     ops, ann, g = trace.cpu_ops, trace.annotations, trace.gpu
     op_counts = _name_counts(ops["name"])
     backward_ops = _count(op_counts, BACKWARD_OP)
+    example = _first(op_counts, BACKWARD_OP)
     optim = _count(_name_counts(ann[ann["scope"] == "cpu"]["name"]), OPTIMIZER_RANGE) + _count(op_counts, OPTIMIZER_RANGE)
     sampler = _count(_name_counts(trace.python_frames["name"]), SAMPLER_FRAME)
     causal = bidir = 0
@@ -134,7 +144,7 @@ def trace_evidence(trace: Trace) -> Evidence:
         bw_k, kv, attn, gemm = int(bwk.sum()), int(kvk.sum()), int(at.sum()), int(gm.sum())
         bw_kinds = len({base_name(str(names[c])) for c in np.unique(codes[bwk])})
         conv_ms, gemm_ms = float(dur[conv].sum()) / 1e6, float(dur[gm].sum()) / 1e6
-    return Evidence(backward_ops, bw_k, optim, kv, sampler, causal, bidir, attn, gemm, conv_ms, gemm_ms, bw_kinds)
+    return Evidence(backward_ops, bw_k, optim, kv, sampler, causal, bidir, attn, gemm, conv_ms, gemm_ms, bw_kinds, example)
 
 
 def repeated_steps(step_idx: np.ndarray, codes: np.ndarray, n_steps: int) -> bool:
@@ -158,7 +168,8 @@ def classify(ev: Evidence, engine_steps: bool, repeated: int) -> Workload:
         parts = [f"{n:,} {what}" for n, what in ((ev.backward_ops, "autograd backward ops"),
                                                   (ev.backward_kernels if ev.backward_kernel_kinds >= 2 else 0, "backward kernels"),
                                                   (ev.optimizer_ranges, "optimizer ranges")) if n]
-        return _note("training_trace", f"a training step ({', '.join(parts)}): steps are timed, no prefill/decode "
+        eg = f", e.g. {ev.backward_example!r}" if ev.backward_example else ""
+        return _note("training_trace", f"a training step ({', '.join(parts)}{eg}): steps are timed, no prefill/decode "
                         "reading (TTFT, TPOT, phase MFU/MBU) applies", ev)
     if ev.llm or engine_steps:
         return Workload(None, "", ev)
