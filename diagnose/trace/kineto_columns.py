@@ -1,0 +1,579 @@
+"""Decoded Kineto events -> the columns of the normalized trace frames (a split of
+:mod:`diagnose.trace.kineto`).
+
+:class:`_Columns` accumulates, chunk by chunk, the columns of the events the analysis needs
+(grouped by :func:`_group`, read by :class:`_Raw`), pairs begin/end events, and builds the
+:class:`~diagnose.trace.model.Trace` frames and quality notes in :meth:`_Columns.finish`.
+"""
+from __future__ import annotations
+
+import operator
+import re
+from typing import Any, NamedTuple
+
+import msgspec
+import numpy as np
+
+from diagnose.errors import TraceFormatError
+from diagnose.trace.apis import api_kind
+from diagnose.trace.kineto_events import (
+    _BUCKETS,
+    _CAT_BUCKET,
+    _I64,
+    _MISSING,
+    _PYFUNC,
+    _Args,
+    _Event,
+    _StrictB,
+    _StrictE,
+    _StrictX,
+    _as_int,
+    _decoded,
+    _int,
+    _string_times,
+)
+from diagnose.trace.model import (
+    ANNOTATION_COLUMNS,
+    CPU_OP_COLUMNS,
+    GPU_COLUMNS,
+    OVERHEAD_COLUMNS,
+    PYTHON_FRAME_COLUMNS,
+    RANK_ID_SHIFT,
+    RUNTIME_COLUMNS,
+    SYNC_COLUMNS,
+    Trace,
+    factorize,
+    frame,
+)
+
+
+def _us_to_ns(ts_us: np.ndarray, base_ns: int) -> np.ndarray:
+    """Convert float microseconds to int64 ns exactly: base + floor(ts)*1000 + round(frac*1000)."""
+    ip = np.floor(ts_us)
+    frac_ns = np.rint((ts_us - ip) * 1000.0).astype(np.int64)
+    return np.int64(base_ns) + ip.astype(np.int64) * 1000 + frac_ns
+
+
+def _dur_to_ns(dur_us: np.ndarray) -> np.ndarray:
+    return np.rint(dur_us * 1000.0).astype(np.int64)
+
+
+def _group(events: list, strict: bool) -> tuple[dict[str, list], list]:
+    """Complete ("X") events by bucket (see _CAT_BUCKET), each bucket in file order (so that
+    slicing a document never changes row order), and the begin/end ("B"/"E") events in file
+    order; other events are dropped."""
+    out: dict[str, list] = {k: [] for k in _BUCKETS}
+    lists: dict[str, list | None] = {}  # category -> its bucket's list (None: not needed)
+    get = lists.get
+    if strict:
+        xs = [e for e in events if type(e) is _StrictX]
+        be = []
+        if getattr(_decoded, "begin_end", False):  # set while decoding (maybe another list: then none here)
+            _decoded.begin_end = False
+            be = [e for e in events if type(e) is _StrictB or type(e) is _StrictE]
+    else:
+        xs = [e for e in events if e.ph == "X"]
+        be = [e for e in events if e.ph == "B" or e.ph == "E"] if len(xs) < len(events) else []
+    for e in xs:
+        lst = get(e.cat, False)
+        if lst is False:
+            low = str(e.cat).lower()
+            k = _CAT_BUCKET.get(low) or ("pyfunc" if low == _PYFUNC else None)
+            lst = lists[e.cat] = out[k] if k else None
+        if lst is not None:
+            lst.append(e)
+    return out, be
+
+
+def _loose_args(a: Any) -> _Args | None:
+    """A strict event's args as :class:`_Args` (begin/end events travel between processes)."""
+    if a is None or type(a) is _Args:
+        return a
+    ids = {k: (None if getattr(a, k) == _MISSING else getattr(a, k))
+           for k in ("device", "stream", "correlation", "external_id", "external_id_legacy", "bytes")}
+    return _Args(**ids, input_dims=a.input_dims, input_types=a.input_types, concrete_inputs=a.concrete_inputs)
+
+
+def _be_records(be: list, strict: bool) -> list[tuple]:
+    """Begin/end events as picklable tuples (begin?, cat, name, ts µs, pid, tid, args as
+    plain values) in file order."""
+    out = []
+    for e in be:
+        begin = (type(e) is _StrictB) if strict else (e.ph == "B")
+        a = _loose_args(getattr(e, "args", None)) if begin else None
+        args = None if a is None else (a.device, a.stream, a.correlation, a.external_id, a.external_id_legacy, a.bytes,
+                                       bytes(a.input_dims) or None, bytes(a.input_types) or None,
+                                       bytes(a.concrete_inputs) or None)
+        ts = _NAN if e.ts is None else float(e.ts)  # a numeric string (loose events): as float here
+        out.append((begin, e.cat, e.name, ts, e.pid, e.tid, args))
+    return out
+
+
+def _pair_begin_end(records: list[tuple]) -> tuple[list[_Event], int]:
+    """Pair begin/end records into complete events: per (pid, tid), in time order (file order
+    on ties), each "E" closes the latest open "B" (LIFO nesting, as the Trace Event Format
+    says). The range takes the begin's category, name and args. Returns (events, number of
+    records without a partner or a usable timestamp, all dropped)."""
+    threads: dict[tuple, list[tuple]] = {}
+    unmatched = 0
+    for r in records:
+        ts = r[3]
+        if not (isinstance(ts, float) and ts - ts == 0.0):
+            unmatched += 1
+            continue
+        threads.setdefault((r[4], r[5]), []).append(r)
+    out: list[_Event] = []
+    for recs in threads.values():
+        recs.sort(key=operator.itemgetter(3))  # stable: file order on equal timestamps
+        stack: list[tuple] = []
+        for r in recs:
+            if r[0]:
+                stack.append(r)
+            elif stack:
+                b = stack.pop()
+                a = b[6]
+                args = None if a is None else _Args(
+                    device=a[0], stream=a[1], correlation=a[2], external_id=a[3], external_id_legacy=a[4], bytes=a[5],
+                    input_dims=msgspec.Raw(a[6] or b""), input_types=msgspec.Raw(a[7] or b""),
+                    concrete_inputs=msgspec.Raw(a[8] or b""))
+                out.append(_Event(ph="X", cat=b[1], name=b[2], ts=b[3], dur=r[3] - b[3], pid=b[4], tid=b[5], args=args))
+            else:
+                unmatched += 1
+        unmatched += len(stack)
+    return out, unmatched
+
+
+_get_args = operator.attrgetter("args")
+
+
+_get_name = operator.attrgetter("name")
+
+
+_get_ts = operator.attrgetter("ts")
+
+
+_get_dur = operator.attrgetter("dur")
+
+
+_get_pid = operator.attrgetter("pid")
+
+
+_get_tid = operator.attrgetter("tid")
+
+
+# SGLang's ProfileMerger prefixes every pid of a rank's trace with its rank label:
+# "[TP01-DP00-PP00-EP00] 83".
+_RANK_PID = re.compile(r"\[([^\[\]]{1,80})\]\s*(.*)", re.S)
+
+
+def _split_rank_pids(vals: list) -> tuple[list, list | None]:
+    """(pids without their rank label, labels or None when no pid has one)."""
+    labels = None
+    for i, v in enumerate(vals):
+        if type(v) is str and v[:1] == "[":
+            m = _RANK_PID.fullmatch(v)
+            if m is None:
+                continue
+            if labels is None:
+                labels, vals = [""] * len(vals), list(vals)
+            labels[i] = m.group(1)
+            rest = m.group(2).strip()
+            try:
+                vals[i] = int(rest)
+            except ValueError:
+                vals[i] = rest
+    return vals, labels
+
+
+def _ids(vals: list, default: int = -1, types: set | None = None) -> np.ndarray:
+    """pid/tid-like values (int, "stream 7", None...) as int64; see _as_int. ``types``: the
+    set of the values' types, when the caller has it."""
+    if (types if types is not None else set(map(type, vals))) == {int}:  # only then: np.fromiter would also parse "-7" or "7"
+        try:
+            return np.fromiter(vals, np.int64, len(vals))
+        except OverflowError:
+            pass
+    return np.array([v if type(v) is int and -_I64 < v < _I64 else _as_int(v, default) for v in vals], dtype=np.int64)
+
+
+class _Raw:
+    """Columns of one bucket's events, before the bucket's own rules (defaults, fallbacks).
+
+    ``ts`` float64 µs (NaN = missing), ``dur`` float64 µs (NaN = missing), ``pid``/``tid``
+    the values as decoded (a merged file's rank label split off), args ids int64 with
+    ``_MISSING`` for absent or unusable values."""
+
+    def __init__(self, evs: list, strict: bool) -> None:
+        self.evs, self.strict, self.n = evs, strict, len(evs)
+        self.name = list(map(_get_name, evs))
+        self.strings: tuple | None = None  # events whose ts/dur are numeric strings (see _string_times)
+        if strict:
+            self.ts = np.fromiter(map(_get_ts, evs), np.float64, self.n)
+            self.dur = np.fromiter(map(_get_dur, evs), np.float64, self.n)
+        else:
+            ts_vals, dur_vals = list(map(_get_ts, evs)), list(map(_get_dur, evs))
+            self.ts = np.array([_NAN if v is None else float(v) for v in ts_vals], dtype=np.float64)
+            self.dur = np.array([_NAN if v is None else float(v) for v in dur_vals], dtype=np.float64)
+            self.strings = _string_times(ts_vals, dur_vals)
+        self._args = list(map(_get_args, evs))
+        self._pids: list | None = None
+        self._types: set | None = None
+        self._labels: list | None = None
+
+    def _pid_values(self) -> list:
+        if self._pids is None:
+            vals = list(map(_get_pid, self.evs))
+            self._types = set(map(type, vals))
+            if str in self._types:
+                vals, self._labels = _split_rank_pids(vals)
+                self._types = None
+            self._pids = vals
+        return self._pids
+
+    def pid(self, default: int = -1) -> np.ndarray:
+        return _ids(self._pid_values(), default, self._types)
+
+    def rank_labels(self, look: bool = True) -> list | None:
+        """The rank label of each event ("" for none), None when no event has one. With
+        ``look`` False, and when the pids were not read for a column, only a sample of the
+        events (first, middle, last) is looked at first: a merged file labels every event."""
+        if self._pids is None and not look:
+            evs = self.evs
+            if not any(type(e.pid) is str for e in (evs[0], evs[len(evs) // 2], evs[-1])):
+                return None
+        self._pid_values()
+        return self._labels
+
+    def tid(self, default: int = -1) -> np.ndarray:
+        return _ids(list(map(_get_tid, self.evs)), default)
+
+    def arg(self, field: str) -> np.ndarray:
+        get = operator.attrgetter(field)
+        if self.strict:
+            try:
+                return np.fromiter(map(get, self._args), np.int64, self.n)
+            except OverflowError:  # ints beyond int64
+                pass
+        return np.array([_MISSING if a is None else _int(get(a), _MISSING) for a in self._args], dtype=np.int64)
+
+    def arg_or(self, field: str, default: int) -> np.ndarray:
+        v = self.arg(field)
+        return np.where(v == _MISSING, default, v)
+
+    def external_id(self) -> np.ndarray:
+        ext = self.arg("external_id")
+        missing = ext == _MISSING
+        if missing.any():
+            ext = np.where(missing, self.arg("external_id_legacy"), ext)
+        return np.where(ext == _MISSING, -1, ext)
+
+    def raw_arg(self, field: str, shared: bool = False) -> list:
+        """Raw JSON of an arg (``Input Dims``...) as small bytes copies (never views that would
+        pin the whole document in memory), None when absent. ``shared``: equal values are one
+        object (``Concrete Inputs`` takes a few dozen distinct values over thousands of ops:
+        memory per op is then a pointer, and forked workers pickle each value once)."""
+        get = operator.attrgetter(field)
+        vals = map(get, self._args) if self.strict else (None if a is None else get(a) for a in self._args)
+        if not shared:
+            return [bytes(v) if v else None for v in vals]
+        seen: dict[bytes, bytes] = {}
+        keep = seen.setdefault
+        return [keep(b, b) if v and (b := bytes(v)) else None for v in vals]
+
+    def times(self, base_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        keep, start, end = _times(self.ts, self.dur, base_ns)
+        if self.strings is not None:  # numeric strings: their exact values replace the float ones
+            rows, ts_ns, dur_ns = self.strings
+            for i, t, d in zip(rows, ts_ns, dur_ns):
+                if keep[i]:
+                    dur = int(end[i] - start[i]) if d is None else d
+                    if t is not None:
+                        start[i] = base_ns + t
+                    end[i] = start[i] + dur
+        return keep, start, end
+
+    @property
+    def n_strings(self) -> int:
+        """Events whose ts or dur was written as a JSON string."""
+        return 0 if self.strings is None else len(self.strings[0])
+
+
+_NAN = float("nan")
+
+
+MAX_TS_US = 4e15  # ~year 2096 in epoch µs: anything larger cannot be a timestamp
+
+
+MAX_DUR_US = 1e12  # ~11.6 days
+
+
+def _times(ts: np.ndarray, dur: np.ndarray, base_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(keep mask, start_ns, end_ns) from float µs: drops events without a usable ts (missing,
+    not finite, beyond int64 ns) or dur (missing, negative, not finite, longer than 11 days)."""
+    with np.errstate(invalid="ignore"):
+        keep = np.isfinite(ts) & (np.abs(ts) <= MAX_TS_US) & np.isfinite(dur) & (dur <= MAX_DUR_US) & (dur >= 0)
+    start = _us_to_ns(np.where(keep, ts, 0.0), base_ns)
+    return keep, start, start + _dur_to_ns(np.where(keep, dur, 0.0))
+
+
+def _gpu_columns(r: _Raw, kind: str, base_ns: int) -> tuple[dict, np.ndarray]:
+    keep, start, end = r.times(base_ns)
+    names = r.name
+    kinds = [kind] * r.n
+    if kind == "kernel":
+        # ROCm <= 7.1 reports copies/fills as kernels; 7.2 as gpu_memcpy/gpu_memset.
+        for i, n in enumerate(names):
+            if n.startswith("__amd_rocclr_"):
+                low = n.lower()
+                kinds[i] = "memcpy" if "copy" in low else "memset" if "fill" in low else "kernel"
+    pid = r.pid(_MISSING)
+    device = r.arg("device")
+    device = np.where((device == _MISSING) | (device == -2), np.where(pid == _MISSING, 0, pid), device)
+    stream = r.arg("stream")
+    stream = np.where((stream == _MISSING) | (stream == -2), r.tid(0), stream)
+    d = {"kind": kinds, "name": names, "device": device, "stream": stream, "start_ns": start, "end_ns": end,
+         "correlation": r.arg_or("correlation", -1), "external_id": r.external_id(), "bytes": r.arg_or("bytes", -1),
+         "pid": np.where(pid == _MISSING, -1, pid)}
+    return d, keep
+
+
+def _obj(values: list) -> np.ndarray:
+    """A 1-D object array of ``values`` (str, bytes or None), never reshaped."""
+    return np.fromiter(values, dtype=object, count=len(values))
+
+
+def _select(d: dict, keep: np.ndarray) -> dict:
+    """Columns (numpy arrays; lists become object arrays) restricted to the ``keep`` rows."""
+    d = {k: v if isinstance(v, np.ndarray) else _obj(v) for k, v in d.items()}
+    return d if keep.all() else {k: v[keep] for k, v in d.items()}
+
+
+def _concat(parts: list[dict]) -> dict:
+    """One dict of columns from parts; a part without a rank column gets "" (no label)."""
+    if any("rank" in p for p in parts):
+        parts = [p if "rank" in p else {**p, "rank": np.full(len(p["start_ns"]), "", dtype=object)} for p in parts]
+    if len(parts) == 1:
+        return parts[0]
+    out = {}
+    for k in parts[0]:
+        out[k] = np.concatenate([p[k] for p in parts])
+    return out
+
+
+_TEXT = ("name", "kind", "api_kind", "scope", "rank")
+
+
+_COUNTERS = ("events", "dropped", "negative", "no_dur", "bad_name", "bad_value", "out_of_range", "pyfunc", "pyfunc_ns",
+             "string_times")
+
+
+class _Coded(NamedTuple):
+    codes: np.ndarray
+    uniques: np.ndarray
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n:,} {one if n == 1 else many}"
+
+
+class _Columns:
+    """Accumulates the columns of the events the analysis needs, chunk by chunk, so that the
+    decoded structs of one chunk can be dropped before the next is decoded. Begin/end events
+    are kept as records and paired at :meth:`finish`, once every chunk is in (a range may
+    begin in one chunk, or one worker's share, and end in another)."""
+
+    def __init__(self, base_ns: int) -> None:
+        self.base_ns = base_ns
+        self.parts: dict[str, list[dict]] = {"gpu": [], "runtime": [], "op": [], "ann": [], "sync": [], "overhead": [],
+                                             "pyframe": []}
+        self.n = dict.fromkeys(_COUNTERS, 0)
+        self.pyfunc_by_rank: dict[str, list[int]] = {}  # rank label -> [count, ns] (merged files)
+        self.be: list[tuple] = []
+        self.labelled = False  # a rank label was seen: look at every pid from now on
+
+    def add(self, events: list, strict: bool = False, count: bool = True) -> None:
+        """Add decoded events: ``strict`` for :data:`_StrictEvent` lists, else :class:`_Event`."""
+        if count:
+            self.n["events"] += len(events)
+        buckets, be = _group(events, strict)
+        if be:
+            self.be.extend(_be_records(be, strict))
+        base_ns = self.base_ns
+        self.n["bad_value"] += len(buckets.pop("bad"))
+        self.n["out_of_range"] += len(buckets.pop("oor"))
+        py = buckets.pop("pyfunc")
+        if py:
+            self._pyfunc(_Raw(py, strict))
+        raws = {k: _Raw(evs, strict) for k, evs in buckets.items() if evs}
+        for kind in ("kernel", "memcpy", "memset"):
+            if kind in raws:
+                d, keep = _gpu_columns(raws[kind], kind, base_ns)
+                self._keep("gpu", d, keep, raws[kind])
+        r = raws.get("runtime")
+        if r is not None:
+            keep, start, end = r.times(base_ns)
+            codes, distinct = factorize(r.name)  # classify each distinct API name once
+            kinds = np.array([api_kind(n) for n in distinct], dtype=object)[codes] if r.n else []
+            d = {"name": r.name, "api_kind": kinds, "start_ns": start, "end_ns": end,
+                 "correlation": r.arg_or("correlation", -1), "pid": r.pid(), "tid": r.tid()}
+            self._keep("runtime", d, keep, r)
+        r = raws.get("op")
+        if r is not None:
+            keep, start, end = r.times(base_ns)
+            d = {"name": r.name, "start_ns": start, "end_ns": end, "external_id": r.external_id(), "tid": r.tid(),
+                 "input_dims": r.raw_arg("input_dims"), "input_types": r.raw_arg("input_types"),
+                 "concrete_inputs": r.raw_arg("concrete_inputs", shared=True)}
+            self._keep("op", d, keep, r)
+        for bucket, scope in (("ann_cpu", "cpu"), ("ann_gpu", "gpu")):
+            r = raws.get(bucket)
+            if r is not None:
+                keep, start, end = r.times(base_ns)
+                pids = r.pid()
+                d = {"name": r.name, "scope": [scope] * r.n, "device": pids if scope == "gpu" else np.full(r.n, -1, np.int64),
+                     "start_ns": start, "end_ns": end, "pid": pids, "tid": r.tid()}
+                self._keep("ann", d, keep, r)
+        r = raws.get("sync")
+        if r is not None:
+            keep, start, end = r.times(base_ns)
+            d = {"name": r.name, "device": r.arg_or("device", 0), "stream": r.arg_or("stream", 0),
+                 "start_ns": start, "end_ns": end}
+            self._keep("sync", d, keep, r)
+        r = raws.get("overhead")
+        if r is not None:
+            keep, start, end = r.times(base_ns)
+            d = {"name": r.name, "start_ns": start, "end_ns": end, "pid": r.pid(), "tid": r.tid()}
+            self._keep("overhead", d, keep, r)
+        for r in raws.values():
+            self.n["string_times"] += r.n_strings
+            self.n["negative"] += int((r.dur < 0).sum())
+            self.n["no_dur"] += int(np.isnan(r.dur).sum())
+            if "\ufffd" in "".join(r.name):
+                self.n["bad_name"] += sum("\ufffd" in n for n in r.name)
+
+    def _pyfunc(self, r: _Raw) -> None:
+        """Count python_function events, sum their durations and keep their name, times, pid
+        and tid (never their args); events without usable times are left out silently (they
+        are not analysed events: no ``missing_timestamp`` count)."""
+        keep, start, end = r.times(self.base_ns)
+        ns = np.where(keep, end - start, 0)
+        self.n["pyfunc"] += r.n
+        self.n["pyfunc_ns"] += int(ns.sum())
+        d = {"name": r.name, "start_ns": start, "end_ns": end, "pid": r.pid(), "tid": r.tid()}
+        labels = r.rank_labels(look=self.labelled)
+        if labels is not None:
+            self.labelled = True
+            d["rank"] = labels
+            for label, dur in zip(labels, ns.tolist()):
+                c = self.pyfunc_by_rank.setdefault(label, [0, 0])
+                c[0] += 1
+                c[1] += dur
+        self.parts["pyframe"].append(_select(d, keep))
+
+    def state(self) -> dict:
+        """Everything accumulated, as picklable data (sent back by forked workers). Text
+        columns travel as (codes, unique values): pickling a million distinct ``str`` objects
+        costs more than decoding them, and the shared values make later grouping faster."""
+        parts = {k: [{c: _Coded(*factorize(v)) if c in _TEXT else v
+                      for c, v in d.items()} for d in lst] for k, lst in self.parts.items()}
+        return {"parts": parts, "n": self.n, "pyfunc_by_rank": self.pyfunc_by_rank, "be": self.be}
+
+    def merge(self, state: dict) -> None:
+        """Append another instance's :meth:`state` (its events come after this one's)."""
+        for k, v in state["parts"].items():
+            self.parts[k].extend({c: x.uniques[x.codes] if isinstance(x, _Coded) else x for c, x in d.items()}
+                                 for d in v)
+        for k, v in state["n"].items():
+            self.n[k] += v
+        for label, (c, ns) in state["pyfunc_by_rank"].items():
+            acc = self.pyfunc_by_rank.setdefault(label, [0, 0])
+            acc[0] += c
+            acc[1] += ns
+        self.be.extend(state["be"])
+
+    def _keep(self, part: str, d: dict, keep: np.ndarray, r: _Raw) -> None:
+        self.n["dropped"] += int((~keep).sum())
+        labels = r.rank_labels(look=self.labelled)
+        if labels is not None:
+            self.labelled = True
+            d["rank"] = labels
+        self.parts[part].append(_select(d, keep))
+
+    def finish(self, trace: Trace) -> None:
+        """Build ``trace``'s frames, counts and quality notes from everything added.
+
+        Raises:
+            TraceFormatError: the document holds no event at all.
+        """
+        n = self.n
+        if n["events"] == 0:
+            if trace.partial:
+                raise TraceFormatError(f"{trace.source_path}: no events: the file was cut before its first complete event")
+            raise TraceFormatError(f"{trace.source_path}: no events: the trace's event list is empty")
+        unmatched = 0
+        if self.be:
+            events, unmatched = _pair_begin_end(self.be)
+            self.be = []
+            self.add(events, strict=False, count=False)
+        p = self.parts
+        labels = sorted({lab for lst in p.values() for d in lst if "rank" in d for lab in set(d["rank"].tolist()) if lab})
+        merged = len(labels) >= 2
+        index = {lab: i for i, lab in enumerate(labels)}
+
+        def build(part: str, columns: dict, ids: tuple[str, ...] = (), sort: Any = None):
+            if not p[part]:
+                return None
+            d = _concat(p[part])
+            rank = None
+            if merged:
+                rank = np.fromiter((index.get(x, -1) for x in d["rank"]), np.int64, len(d["rank"]))
+                for c in ids:  # never link across ranks: their ids collide
+                    x = np.asarray(d[c], dtype=np.int64)
+                    q = (rank >= 0) & (x >= 0) & (x < (1 << RANK_ID_SHIFT))
+                    d[c] = np.where(q, (rank << RANK_ID_SHIFT) | x, x)
+            df = frame(columns, d)
+            if rank is not None:
+                df["rank"] = rank
+            if sort is not None:
+                df = df.sort_values(sort, kind="stable").reset_index(drop=True)
+            return df
+
+        for attr, part, columns, ids, sort in (
+            ("gpu", "gpu", GPU_COLUMNS, ("correlation", "external_id"), ["device", "start_ns", "end_ns"]),
+            ("runtime", "runtime", RUNTIME_COLUMNS, ("correlation",), "start_ns"),
+            ("cpu_ops", "op", CPU_OP_COLUMNS, ("external_id",), None),
+            ("annotations", "ann", ANNOTATION_COLUMNS, (), "start_ns"),
+            ("gpu_syncs", "sync", SYNC_COLUMNS, (), None),
+            ("overhead", "overhead", OVERHEAD_COLUMNS, (), "start_ns"),
+            ("python_frames", "pyframe", PYTHON_FRAME_COLUMNS, (), "start_ns"),
+        ):
+            df = build(part, columns, ids, sort)
+            if df is not None:
+                setattr(trace, attr, df)
+            elif merged:
+                setattr(trace, attr, getattr(trace, attr).assign(rank=np.empty(0, np.int64)))
+        trace.counts = {"python_function": n["pyfunc"], "python_function_ns": n["pyfunc_ns"]}
+        if merged:
+            trace.ranks = labels
+            trace._rank_counts = {lab: {"python_function": c, "python_function_ns": ns}
+                                  for lab, (c, ns) in self.pyfunc_by_rank.items() if lab}
+        no_ts = n["dropped"] - n["negative"] - n["no_dur"]
+        if n["negative"]:
+            trace.note("negative_duration", f"{n['negative']} event(s) with a negative duration were excluded", n["negative"])
+        if no_ts:
+            trace.note("missing_timestamp", f"{no_ts} complete event(s) without a usable 'ts' or 'dur' (missing, not a number, or implausibly large) were skipped", no_ts)
+        if n["bad_name"]:
+            trace.note("invalid_utf8_names", f"{n['bad_name']} event name(s) contained invalid UTF-8 and were replaced", n["bad_name"])
+        if n["no_dur"]:
+            trace.note("missing_duration", f"{_plural(n['no_dur'], 'complete event', 'complete events')} without a 'dur' excluded (not counted as zero-length)", n["no_dur"])
+        if n["bad_value"]:
+            trace.note("bad_value", f"{_plural(n['bad_value'], 'event', 'events')} whose 'ts' or 'dur' is not a number (text, list, NaN...) excluded", n["bad_value"])
+        if n["out_of_range"]:
+            trace.note("out_of_range_value", f"{_plural(n['out_of_range'], 'event', 'events')} holding a number beyond the float64 range (e.g. 1e400) excluded", n["out_of_range"])
+        if n["string_times"]:
+            trace.note("string_timestamps", f"{_plural(n['string_times'], 'event', 'events')} with 'ts' or 'dur' written as a "
+                       "JSON string: read as exact decimals (integer ns), not through float64", n["string_times"])
+        if unmatched:
+            trace.note("unmatched_begin_end", f"{_plural(unmatched, 'begin/end (B/E) event', 'begin/end (B/E) events')} dropped: no partner on the same pid/tid, or no usable 'ts'", unmatched)
+        if merged:
+            trace.note("ranks_merged", f"{len(labels)} ranks merged into one file ({', '.join(labels[:4])}{', ...' if len(labels) > 4 else ''}): "
+                       "analyse them one by one (diagnose.trace.split_ranks); a whole-file analysis mixes their GPUs", len(labels))
