@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from diagnose.errors import TraceFormatError
-from diagnose.trace import nsys
+from diagnose.trace import nsys, nsys_db
 from diagnose.trace.model import ANNOTATION_COLUMNS, GPU_COLUMNS, RUNTIME_COLUMNS
 from diagnose.trace.nsys import load_nsys_rep, load_nsys_sqlite
 
@@ -601,11 +601,11 @@ def test_parallel_range_reads_match(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     con.commit()
     con.close()
     whole = load_nsys_sqlite(str(path), reader="sqlite3")
-    monkeypatch.setattr(nsys, "SPLIT_ROWS", 7)
-    monkeypatch.setattr(nsys, "_cpus", lambda: 4)
+    monkeypatch.setattr(nsys_db, "SPLIT_ROWS", 7)
+    monkeypatch.setattr(nsys_db, "_cpus", lambda: 4)
     seen: list[str] = []
-    real_fetch = nsys._fetch_part
-    monkeypatch.setattr(nsys, "_fetch_part", lambda con, sql, *a: seen.append(sql) or real_fetch(con, sql, *a))
+    real_fetch = nsys_db._fetch_part
+    monkeypatch.setattr(nsys_db, "_fetch_part", lambda con, sql, *a: seen.append(sql) or real_fetch(con, sql, *a))
     split = load_nsys_sqlite(str(path), reader="adbc")
     # 4 ranges x 2 reads (the ranges, then the textIds of the rows without text)
     assert sum("rowid BETWEEN" in q and "NVTX_EVENTS" in q for q in seen) == 8
@@ -617,7 +617,7 @@ def test_parallel_range_reads_match(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_type_surprises_fall_back_to_sqlite3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ADBC infers column types from the first batch; any other type, later or first, makes
     that one query go through sqlite3, so the result is the sqlite3 reader's."""
-    monkeypatch.setattr(nsys, "ARROW_BATCH_ROWS", 4)
+    monkeypatch.setattr(nsys_db, "ARROW_BATCH_ROWS", 4)
     strings = {1: "cudaLaunchKernel_v7000", 2: "k"}
     kernels = [(1_000 * i, 1_000 * i + 500, 0, 7, i, GPID, 2, 2) for i in range(1, 11)]
     runtime = [(1_000 * i - 400, 1_000 * i - 300, gtid(PID, TID), i, 1) for i in range(1, 11)]
@@ -691,7 +691,7 @@ def test_reader_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(nsys.READER_ENV, "auto")
     assert load_nsys_sqlite(str(path)).metadata["nsys"]["reader"] == ("adbc" if HAS_ADBC else "sqlite3")
     # Without the package: auto quietly uses sqlite3, an explicit adbc is an error.
-    monkeypatch.setattr(nsys, "_ADBC", False)
+    monkeypatch.setattr(nsys_db, "_ADBC", False)
     assert load_nsys_sqlite(str(path), reader="auto").metadata["nsys"]["reader"] == "sqlite3"
     with pytest.raises(ValueError, match="adbc-driver-sqlite"):
         load_nsys_sqlite(str(path), reader="adbc")

@@ -232,7 +232,7 @@ def _every_pattern():
     from diagnose.analyzers import kernels, launches, moebytes, tracetype, waits
     from diagnose.trace import capture
     from diagnose.tables import category_table, gpu_table, host_call_table, marker_table
-    from diagnose.trace import apis, kineto_columns, nsys
+    from diagnose.trace import apis, kineto_columns, nsys, nsys_tables
 
     out = [(f"category {r.category}", re.compile(r.pattern, re.I)) for r in category_table().categories]
     out += [(f"marker {g.name}", re.compile(g.pattern)) for g in marker_table().grammars]
@@ -243,8 +243,8 @@ def _every_pattern():
         (moebytes, ("EXPERT_GEMM_KERNEL", "_NOT_EXPERT_GEMM")), (kernels, ("_SEQ_GROUP",)), (capture, ("_CAPTURE_ANN",)),
         (launches, ("INDUCTOR_KERNEL", "FUSED_ATTENTION_KERNEL", "_CAPTURE_CALL")),
         (tracetype, ("_CAPTURE",)), (waits, ("_WAIT_CALL",)), (kineto_columns, ("_RANK_PID",)),
-        (nsys, ("_VERSION_SUFFIX", "_DATA_LOSS"))) for n in names]
-    out += [("nsys sync", rx) for rx, _ in nsys._API_SYNC]
+        (nsys_tables, ("_VERSION_SUFFIX",)), (nsys, ("_DATA_LOSS",))) for n in names]
+    out += [("nsys sync", rx) for rx, _ in nsys_tables._API_SYNC]
     try:
         from diagnose.app import timeline
     except ImportError:  # the [app] extra
