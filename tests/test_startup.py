@@ -1,0 +1,74 @@
+"""Start-up: what the command line imports before it does any work (issue 28).
+
+Import-graph tests, not timed tests: ``diagnose --help`` must not pay for pandas, numpy, rich
+or the analyzers (~0.7 s of imports on the 2-core machine); each command imports what it
+uses when it runs. The times themselves are measured by ``benchmarks/bench_startup.py``.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from diagnose.cli import main
+
+# Modules the top-level help must never import (each costs tens to hundreds of ms).
+HEAVY = ("pandas", "numpy", "pyarrow", "rich", "yaml", "msgspec", "plotly", "dash", "diagnose.analyzers",
+         "diagnose.engine", "diagnose.pipeline", "diagnose.trace", "diagnose.accounting")
+
+
+def _imported_by(args: list[str]) -> list[str]:
+    """The modules loaded by ``diagnose ARGS`` in a fresh interpreter (run as the console
+    script runs it), sorted."""
+    code = ("import json, sys\n"
+            "from diagnose.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "sys.stderr.write('\\n' + json.dumps(sorted(sys.modules)))\n")
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    return json.loads(out.stderr.strip().splitlines()[-1])
+
+
+def _heavy(mods: list[str]) -> list[str]:
+    return sorted(m for m in mods if any(m == h or m.startswith(h + ".") for h in HEAVY))
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["--version"]])
+def test_top_level_help_imports_no_heavy_module(args):
+    mods = _imported_by(args)
+    assert "diagnose.cli" in mods  # the probe ran
+    assert _heavy(mods) == []
+
+
+def test_help_lists_every_command_with_its_own_summary():
+    """``diagnose --help`` shows the lazy commands from ``_Main.SUMMARIES``: each equals the
+    first paragraph of the command's own help, so the listing is the one click would print
+    with every command imported (at any terminal width)."""
+    lazy = main.LAZY
+    assert set(main.SUMMARIES) == set(lazy)
+    ctx = click.Context(main)
+    for name in lazy:
+        cmd = main.get_command(ctx, name)  # imports it
+        first = " ".join(cmd.help.split("\n\n")[0].split())
+        assert main.SUMMARIES[name] == first, name
+        stub = click.Command(name, help=main.SUMMARIES[name])
+        for limit in (20, 45, 74, 200):
+            assert stub.get_short_help_str(limit) == cmd.get_short_help_str(limit), (name, limit)
+    listing = CliRunner().invoke(main, ["--help"], terminal_width=80).output
+    for name in sorted(lazy):
+        assert f"\n  {name} " in listing
+
+
+def test_run_imports_no_web_stack(tmp_path):
+    """``diagnose run --format json`` imports pandas and the analyzers, never the web report
+    (plotly/Dash) nor the terminal tables."""
+    trace = tmp_path / "t.json"
+    trace.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1, '
+                     '"args": {"device": 0, "stream": 7, "correlation": 1}}]}')
+    mods = _imported_by(["run", "--trace", str(trace), "--format", "json"])
+    assert "pandas" in mods and "diagnose.analyzers" in mods  # the probe ran the analysis
+    assert [m for m in mods if m.split(".")[0] in ("plotly", "dash", "jinja2")] == []
+    assert [m for m in mods if m.startswith(("rich.table", "diagnose.report.terminal"))] == []
