@@ -575,7 +575,7 @@ def test_overhead_events_and_python_function_counts():
     assert t.overhead["name"].tolist() == ["Activity Buffer Request"]
     ov = next(e for e in doc["traceEvents"] if e.get("cat") == "overhead")
     assert int(t.overhead["end_ns"].iloc[0] - t.overhead["start_ns"].iloc[0]) == round(ov["dur"] * 1000)
-    assert t.overhead.dtypes.astype(str).to_dict() == {"name": "object", "start_ns": "int64", "end_ns": "int64",
+    assert t.overhead.dtypes.astype(str).to_dict() == {"name": "category", "start_ns": "int64", "end_ns": "int64",
                                                        "pid": "int64", "tid": "int64"}
 
 

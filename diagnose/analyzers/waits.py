@@ -53,7 +53,7 @@ import pandas as pd
 from diagnose.analyzers.base import declared
 from diagnose.model import Gap
 from diagnose.analyzers.timeline import LAUNCH_LATENCY_NS, MIN_GAP_NS, analyze_gaps, classify_gaps, union_busy_ns
-from diagnose.trace.model import NO_TIME, Trace, per_unique
+from diagnose.trace.model import NO_TIME, Trace, concat_named, per_unique
 from diagnose.vocab import EXTERNAL_CAUSES, GAP_CAUSES, GAP_KINDS
 
 FINDINGS = declared("waits")
@@ -172,7 +172,7 @@ class HostIndex:
             h.overhead = _Intervals.of(ov, "overhead", keep_all=True)
         if len(trace.gpu_syncs):
             sy = trace.gpu_syncs
-            h.syncs = _Intervals.of(sy.assign(name=sy["name"].astype(object)), "sync", keep_all=True)
+            h.syncs = _Intervals.of(sy, "sync", keep_all=True)
         return h
 
     def innermost_range(self, tid: int, t_ns: int) -> str | None:
@@ -208,9 +208,8 @@ def _cpu_ranges(trace: Trace) -> pd.DataFrame:
     ann = trace.annotations
     if len(ann):
         a = ann[ann["scope"] == "cpu"]
-        parts.append(pd.DataFrame({"name": a["name"].astype(object).to_numpy(), "start_ns": a["start_ns"].to_numpy(),
-                                   "end_ns": a["end_ns"].to_numpy(), "tid": a["tid"].to_numpy()}))
-    out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({"name": [], "start_ns": [], "end_ns": [], "tid": []})
+        parts.append(a[["name", "start_ns", "end_ns", "tid"]])
+    out = concat_named(parts) if parts else pd.DataFrame({"name": [], "start_ns": [], "end_ns": [], "tid": []})
     trace._cpu_ranges_cache = out  # type: ignore[attr-defined]
     return out
 

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
+import pandas as pd
 
 from diagnose.errors import TraceFormatError
 from diagnose.trace.apis import api_kind
@@ -42,6 +43,7 @@ from diagnose.trace.model import (
     RUNTIME_COLUMNS,
     SYNC_COLUMNS,
     Trace,
+    categorical,
     factorize,
     frame,
 )
@@ -61,10 +63,9 @@ def _dur_to_ns(dur_us: np.ndarray) -> np.ndarray:
 def _group(events: list, strict: bool) -> tuple[dict[str, list], list]:
     """Complete ("X") events by bucket (see _CAT_BUCKET), each bucket in file order (so that
     slicing a document never changes row order), and the begin/end ("B"/"E") events in file
-    order; other events are dropped."""
+    order; other events are dropped. Each distinct category is looked up once; the events
+    are split by bucket in C (no Python code per event)."""
     out: dict[str, list] = {k: [] for k in _BUCKETS}
-    lists: dict[str, list | None] = {}  # category -> its bucket's list (None: not needed)
-    get = lists.get
     if strict:
         xs = [e for e in events if type(e) is _StrictX]
         be = []
@@ -74,15 +75,30 @@ def _group(events: list, strict: bool) -> tuple[dict[str, list], list]:
     else:
         xs = [e for e in events if e.ph == "X"]
         be = [e for e in events if e.ph == "B" or e.ph == "E"] if len(xs) < len(events) else []
-    for e in xs:
-        lst = get(e.cat, False)
-        if lst is False:
-            low = str(e.cat).lower()
-            k = _CAT_BUCKET.get(low) or ("pyfunc" if low == _PYFUNC else None)
-            lst = lists[e.cat] = out[k] if k else None
-        if lst is not None:
-            lst.append(e)
+    if not xs:
+        return out, be
+    cats = list(map(_get_cat, xs))
+    code_of = {c: _BUCKET_CODE.get(_bucket(c), -1) for c in dict.fromkeys(cats)}
+    if len(code_of) == 1:  # one category (a slice of kernels, say): the list as it is
+        code = next(iter(code_of.values()))
+        if code >= 0:
+            out[_BUCKETS[code]] = xs
+        return out, be
+    codes = np.fromiter(map(code_of.__getitem__, cats), np.int8, len(cats))
+    for code in sorted(set(code_of.values()) - {-1}):
+        idx = np.flatnonzero(codes == code).tolist()
+        out[_BUCKETS[code]] = list(operator.itemgetter(*idx)(xs)) if len(idx) > 1 else [xs[i] for i in idx]
     return out, be
+
+
+def _bucket(cat: Any) -> str | None:
+    """The bucket of an event category (any case), None for categories the analysis skips."""
+    low = str(cat).lower()
+    return _CAT_BUCKET.get(low) or ("pyfunc" if low == _PYFUNC else None)
+
+
+_BUCKET_CODE = {k: i for i, k in enumerate(_BUCKETS)}
+_get_cat = operator.attrgetter("cat")
 
 
 def _loose_args(a: Any) -> _Args | None:
@@ -206,6 +222,7 @@ class _Raw:
     def __init__(self, evs: list, strict: bool) -> None:
         self.evs, self.strict, self.n = evs, strict, len(evs)
         self.name = list(map(_get_name, evs))
+        self._names: _Coded | None = None
         self.strings: tuple | None = None  # events whose ts/dur are numeric strings (see _string_times)
         if strict:
             self.ts = np.fromiter(map(_get_ts, evs), np.float64, self.n)
@@ -267,18 +284,23 @@ class _Raw:
             ext = np.where(missing, self.arg("external_id_legacy"), ext)
         return np.where(ext == _MISSING, -1, ext)
 
-    def raw_arg(self, field: str, shared: bool = False) -> list:
+    def names(self) -> _Coded:
+        """The names, factorized (once per bucket and chunk: every later step works on codes)."""
+        if self._names is None:
+            self._names = _code(self.name)
+        return self._names
+
+    def raw_arg(self, field: str) -> _Coded:
         """Raw JSON of an arg (``Input Dims``...) as small bytes copies (never views that would
-        pin the whole document in memory), None when absent. ``shared``: equal values are one
-        object (``Concrete Inputs`` takes a few dozen distinct values over thousands of ops:
-        memory per op is then a pointer, and forked workers pickle each value once)."""
+        pin the whole document in memory), factorized: equal values are one object (a trace
+        has thousands of ops and a few hundred distinct shapes: memory per op is then a
+        code, and forked workers pickle each value once). None: absent."""
         get = operator.attrgetter(field)
-        vals = map(get, self._args) if self.strict else (None if a is None else get(a) for a in self._args)
-        if not shared:
-            return [bytes(v) if v else None for v in vals]
-        seen: dict[bytes, bytes] = {}
-        keep = seen.setdefault
-        return [keep(b, b) if v and (b := bytes(v)) else None for v in vals]
+        if self.strict:
+            vals = [bytes(v) if v else None for v in map(get, self._args)]
+        else:
+            vals = [None if a is None else bytes(get(a)) or None for a in self._args]
+        return _code(vals)
 
     def times(self, base_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         keep, start, end = _times(self.ts, self.dur, base_ns)
@@ -318,14 +340,13 @@ def _times(ts: np.ndarray, dur: np.ndarray, base_ns: int) -> tuple[np.ndarray, n
 
 def _gpu_columns(r: _Raw, kind: str, base_ns: int) -> tuple[dict, np.ndarray]:
     keep, start, end = r.times(base_ns)
-    names = r.name
-    kinds = [kind] * r.n
+    names = r.names()
     if kind == "kernel":
         # ROCm <= 7.1 reports copies/fills as kernels; 7.2 as gpu_memcpy/gpu_memset.
-        for i, n in enumerate(names):
-            if n.startswith("__amd_rocclr_"):
-                low = n.lower()
-                kinds[i] = "memcpy" if "copy" in low else "memset" if "fill" in low else "kernel"
+        per_name = np.array([_GPU_KINDS.index(_rocclr_kind(n)) for n in names.uniques.tolist()], dtype=np.int8)
+        kinds = _Coded(per_name[names.codes] if len(per_name) else np.zeros(0, np.int8), _GPU_KIND_VALUES)
+    else:
+        kinds = _const(r.n, kind)
     pid = r.pid(_MISSING)
     device = r.arg("device")
     device = np.where((device == _MISSING) | (device == -2), np.where(pid == _MISSING, 0, pid), device)
@@ -337,39 +358,102 @@ def _gpu_columns(r: _Raw, kind: str, base_ns: int) -> tuple[dict, np.ndarray]:
     return d, keep
 
 
+_GPU_KINDS = ("kernel", "memcpy", "memset")
+_GPU_KIND_VALUES = np.array(_GPU_KINDS, dtype=object)
+
+
+def _rocclr_kind(name: str) -> str:
+    """A kernel's kind: ROCm's copy and fill kernels (``__amd_rocclr_copyBuffer``...) are
+    copies and fills."""
+    if name.startswith("__amd_rocclr_"):
+        low = name.lower()
+        return "memcpy" if "copy" in low else "memset" if "fill" in low else "kernel"
+    return "kernel"
+
+
+class _Coded(NamedTuple):
+    """A text column as ``codes`` (int32) into distinct ``uniques`` (object array): decoded
+    names stay codes from the chunk that read them until the frame is built, so no step
+    (pickling a worker's share, merging shares, building the categorical) touches one
+    string per event again."""
+
+    codes: np.ndarray
+    uniques: np.ndarray
+
+
+def _code(values: list) -> _Coded:
+    """Factorize str or bytes values, first-seen order (see :func:`~diagnose.trace.model.factorize`)."""
+    codes, uniques = factorize(values)
+    return _Coded(codes.astype(np.int32), uniques)
+
+
+def _const(n: int, value: str) -> _Coded:
+    """A column holding ``value`` on every row."""
+    return _Coded(np.zeros(n, np.int32), np.array([value], dtype=object))
+
+
+def _concat_coded(parts: list[_Coded]) -> _Coded:
+    """One coded column from parts (in order), their distinct values merged."""
+    if len(parts) == 1:
+        return parts[0]
+    canon: dict[Any, int] = {}
+    out = []
+    for codes, uniques in parts:
+        remap = np.fromiter((canon.setdefault(v, len(canon)) for v in uniques.tolist()), np.int32, len(uniques))
+        out.append(remap[codes] if len(codes) else np.zeros(0, np.int32))
+    return _Coded(np.concatenate(out), np.fromiter(canon, dtype=object, count=len(canon)))
+
+
+def _used(c: _Coded) -> list:
+    """The distinct values a coded column holds (its uniques may outlive dropped rows)."""
+    return c.uniques[np.unique(c.codes)].tolist() if len(c.codes) else []
+
+
+def _column(name: str, c: Any) -> Any:
+    """A column as the frame holds it: names (and the annotation scope) categorical, other
+    text columns (kinds, raw op arguments) object arrays of shared values."""
+    if not isinstance(c, _Coded):
+        return c
+    if name in ("name", "scope"):
+        return categorical(c.codes, c.uniques)
+    return c.uniques[c.codes] if len(c.uniques) else np.full(len(c.codes), None, dtype=object)
+
+
+def _take(c: Any, order: np.ndarray) -> Any:
+    return _Coded(c.codes[order], c.uniques) if isinstance(c, _Coded) else np.asarray(c)[order]
+
+
 def _obj(values: list) -> np.ndarray:
     """A 1-D object array of ``values`` (str, bytes or None), never reshaped."""
     return np.fromiter(values, dtype=object, count=len(values))
 
 
 def _select(d: dict, keep: np.ndarray) -> dict:
-    """Columns (numpy arrays; lists become object arrays) restricted to the ``keep`` rows."""
-    d = {k: v if isinstance(v, np.ndarray) else _obj(v) for k, v in d.items()}
-    return d if keep.all() else {k: v[keep] for k, v in d.items()}
+    """Columns (numpy arrays, coded columns; lists become object arrays) restricted to the
+    ``keep`` rows."""
+    d = {k: v if isinstance(v, (np.ndarray, _Coded)) else _obj(v) for k, v in d.items()}
+    if keep.all():
+        return d
+    return {k: _Coded(v.codes[keep], v.uniques) if isinstance(v, _Coded) else v[keep] for k, v in d.items()}
 
 
 def _concat(parts: list[dict]) -> dict:
     """One dict of columns from parts; a part without a rank column gets "" (no label)."""
     if any("rank" in p for p in parts):
-        parts = [p if "rank" in p else {**p, "rank": np.full(len(p["start_ns"]), "", dtype=object)} for p in parts]
+        parts = [p if "rank" in p else {**p, "rank": _const(len(p["start_ns"]), "")} for p in parts]
     if len(parts) == 1:
         return parts[0]
     out = {}
     for k in parts[0]:
-        out[k] = np.concatenate([p[k] for p in parts])
+        if isinstance(parts[0][k], _Coded):
+            out[k] = _concat_coded([p[k] for p in parts])
+        else:
+            out[k] = np.concatenate([p[k] for p in parts])
     return out
-
-
-_TEXT = ("name", "kind", "api_kind", "scope", "rank")
 
 
 _COUNTERS = ("events", "dropped", "negative", "no_dur", "bad_name", "bad_value", "out_of_range", "pyfunc", "pyfunc_ns",
              "string_times")
-
-
-class _Coded(NamedTuple):
-    codes: np.ndarray
-    uniques: np.ndarray
 
 
 def _plural(n: int, one: str, many: str) -> str:
@@ -412,43 +496,46 @@ class _Columns:
         r = raws.get("runtime")
         if r is not None:
             keep, start, end = r.times(base_ns)
-            codes, distinct = factorize(r.name)  # classify each distinct API name once
-            kinds = np.array([api_kind(n) for n in distinct], dtype=object)[codes] if r.n else []
-            d = {"name": r.name, "api_kind": kinds, "start_ns": start, "end_ns": end,
+            names = r.names()  # classify each distinct API name once
+            kinds = _code(np.array([api_kind(n) for n in names.uniques.tolist()], dtype=object))
+            kinds = _Coded(kinds.codes[names.codes] if len(kinds.codes) else kinds.codes, kinds.uniques)
+            d = {"name": names, "api_kind": kinds, "start_ns": start, "end_ns": end,
                  "correlation": r.arg_or("correlation", -1), "pid": r.pid(), "tid": r.tid()}
             self._keep("runtime", d, keep, r)
         r = raws.get("op")
         if r is not None:
             keep, start, end = r.times(base_ns)
-            d = {"name": r.name, "start_ns": start, "end_ns": end, "external_id": r.external_id(), "tid": r.tid(),
+            d = {"name": r.names(), "start_ns": start, "end_ns": end, "external_id": r.external_id(), "tid": r.tid(),
                  "input_dims": r.raw_arg("input_dims"), "input_types": r.raw_arg("input_types"),
-                 "concrete_inputs": r.raw_arg("concrete_inputs", shared=True)}
+                 "concrete_inputs": r.raw_arg("concrete_inputs")}
             self._keep("op", d, keep, r)
         for bucket, scope in (("ann_cpu", "cpu"), ("ann_gpu", "gpu")):
             r = raws.get(bucket)
             if r is not None:
                 keep, start, end = r.times(base_ns)
                 pids = r.pid()
-                d = {"name": r.name, "scope": [scope] * r.n, "device": pids if scope == "gpu" else np.full(r.n, -1, np.int64),
+                d = {"name": r.names(), "scope": _const(r.n, scope), "device": pids if scope == "gpu" else np.full(r.n, -1, np.int64),
                      "start_ns": start, "end_ns": end, "pid": pids, "tid": r.tid()}
                 self._keep("ann", d, keep, r)
         r = raws.get("sync")
         if r is not None:
             keep, start, end = r.times(base_ns)
-            d = {"name": r.name, "device": r.arg_or("device", 0), "stream": r.arg_or("stream", 0),
+            d = {"name": r.names(), "device": r.arg_or("device", 0), "stream": r.arg_or("stream", 0),
                  "start_ns": start, "end_ns": end}
             self._keep("sync", d, keep, r)
         r = raws.get("overhead")
         if r is not None:
             keep, start, end = r.times(base_ns)
-            d = {"name": r.name, "start_ns": start, "end_ns": end, "pid": r.pid(), "tid": r.tid()}
+            d = {"name": r.names(), "start_ns": start, "end_ns": end, "pid": r.pid(), "tid": r.tid()}
             self._keep("overhead", d, keep, r)
         for r in raws.values():
             self.n["string_times"] += r.n_strings
             self.n["negative"] += int((r.dur < 0).sum())
             self.n["no_dur"] += int(np.isnan(r.dur).sum())
-            if "\ufffd" in "".join(r.name):
-                self.n["bad_name"] += sum("\ufffd" in n for n in r.name)
+            names = r.names()  # names with a repaired byte, counted per distinct name
+            bad = np.array(["\ufffd" in n for n in names.uniques.tolist()], dtype=bool)
+            if bad.any():
+                self.n["bad_name"] += int(np.bincount(names.codes, minlength=len(bad))[bad].sum())
 
     def _pyfunc(self, r: _Raw) -> None:
         """Count python_function events, sum their durations and keep their name, times, pid
@@ -458,11 +545,11 @@ class _Columns:
         ns = np.where(keep, end - start, 0)
         self.n["pyfunc"] += r.n
         self.n["pyfunc_ns"] += int(ns.sum())
-        d = {"name": r.name, "start_ns": start, "end_ns": end, "pid": r.pid(), "tid": r.tid()}
+        d = {"name": r.names(), "start_ns": start, "end_ns": end, "pid": r.pid(), "tid": r.tid()}
         labels = r.rank_labels(look=self.labelled)
         if labels is not None:
             self.labelled = True
-            d["rank"] = labels
+            d["rank"] = _code(labels)
             for label, dur in zip(labels, ns.tolist()):
                 c = self.pyfunc_by_rank.setdefault(label, [0, 0])
                 c[0] += 1
@@ -471,17 +558,14 @@ class _Columns:
 
     def state(self) -> dict:
         """Everything accumulated, as picklable data (sent back by forked workers). Text
-        columns travel as (codes, unique values): pickling a million distinct ``str`` objects
-        costs more than decoding them, and the shared values make later grouping faster."""
-        parts = {k: [{c: _Coded(*factorize(v)) if c in _TEXT else v
-                      for c, v in d.items()} for d in lst] for k, lst in self.parts.items()}
-        return {"parts": parts, "n": self.n, "pyfunc_by_rank": self.pyfunc_by_rank, "be": self.be}
+        columns travel as they are kept, coded (:class:`_Coded`): pickling a million
+        ``str`` objects would cost more than decoding them."""
+        return {"parts": self.parts, "n": self.n, "pyfunc_by_rank": self.pyfunc_by_rank, "be": self.be}
 
     def merge(self, state: dict) -> None:
         """Append another instance's :meth:`state` (its events come after this one's)."""
         for k, v in state["parts"].items():
-            self.parts[k].extend({c: x.uniques[x.codes] if isinstance(x, _Coded) else x for c, x in d.items()}
-                                 for d in v)
+            self.parts[k].extend(v)
         for k, v in state["n"].items():
             self.n[k] += v
         for label, (c, ns) in state["pyfunc_by_rank"].items():
@@ -495,7 +579,7 @@ class _Columns:
         labels = r.rank_labels(look=self.labelled)
         if labels is not None:
             self.labelled = True
-            d["rank"] = labels
+            d["rank"] = _code(labels)
         self.parts[part].append(_select(d, keep))
 
     def finish(self, trace: Trace) -> None:
@@ -515,7 +599,7 @@ class _Columns:
             self.be = []
             self.add(events, strict=False, count=False)
         p = self.parts
-        labels = sorted({lab for lst in p.values() for d in lst if "rank" in d for lab in set(d["rank"].tolist()) if lab})
+        labels = sorted({lab for lst in p.values() for d in lst if "rank" in d for lab in _used(d["rank"]) if lab})
         merged = len(labels) >= 2
         index = {lab: i for i, lab in enumerate(labels)}
 
@@ -523,18 +607,23 @@ class _Columns:
             if not p[part]:
                 return None
             d = _concat(p[part])
+            p[part] = []  # the parts are in d now: free them as the columns are built
             rank = None
             if merged:
-                rank = np.fromiter((index.get(x, -1) for x in d["rank"]), np.int64, len(d["rank"]))
+                rc = d["rank"]
+                rank = np.array([index.get(x, -1) for x in rc.uniques.tolist()] + [-1], dtype=np.int64)[rc.codes]
                 for c in ids:  # never link across ranks: their ids collide
                     x = np.asarray(d[c], dtype=np.int64)
                     q = (rank >= 0) & (x >= 0) & (x < (1 << RANK_ID_SHIFT))
                     d[c] = np.where(q, (rank << RANK_ID_SHIFT) | x, x)
-            df = frame(columns, d)
+            if sort is not None:  # stable, as DataFrame.sort_values(kind="stable")
+                keys = [d[k] for k in ([sort] if isinstance(sort, str) else sort)]
+                order = np.lexsort(keys[::-1]) if len(keys) > 1 else np.argsort(keys[0], kind="stable")
+                d = {k: _take(v, order) for k, v in d.items()}
+                rank = rank[order] if rank is not None else None
+            df = frame(columns, {k: _column(k, v) for k, v in d.items() if k in columns})
             if rank is not None:
                 df["rank"] = rank
-            if sort is not None:
-                df = df.sort_values(sort, kind="stable").reset_index(drop=True)
             return df
 
         for attr, part, columns, ids, sort in (

@@ -3,10 +3,13 @@
 All times are int64 **nanoseconds** on one clock per trace, normalized once at the loader
 boundary (Kineto ``ts`` is microseconds whatever ``displayTimeUnit`` says; nsys is already ns).
 
-Column contracts (pandas DataFrames, one row per event):
+Column contracts (pandas DataFrames, one row per event). Every ``name`` column is a pandas
+categorical of str (millions of events share a few hundred names): categories are the names
+used, in first-seen order, so :func:`factorize` reads the codes as they are and no analyzer
+hashes a name string again.
 
 ``gpu`` — GPU activities that occupy a device (never annotations, never syncs):
-    kind (str: "kernel" | "memcpy" | "memset"), name (str), device (int64), stream (int64),
+    kind (str: "kernel" | "memcpy" | "memset"), name (categorical), device (int64), stream (int64),
     start_ns (int64), end_ns (int64, >= start_ns), correlation (int64, -1 = unknown),
     external_id (int64, -1 = unknown), bytes (int64, -1 = unknown; memcpy/memset only),
     pid (int64: the process the activity belongs to, -1 = unknown; Kineto writes the device
@@ -14,12 +17,12 @@ Column contracts (pandas DataFrames, one row per event):
     stream): two processes sharing a GPU (MPS, co-located instances) each have a stream 7.
 
 ``runtime`` — host-side CUDA/HIP runtime and driver API calls:
-    name (str), api_kind (str: "launch" | "graph_launch" | "memcpy" | "memset" | "sync" |
+    name (categorical), api_kind (str: "launch" | "graph_launch" | "memcpy" | "memset" | "sync" |
     "other"), start_ns, end_ns (int64), correlation (int64, -1 = none), pid (int64),
     tid (int64).
 
 ``cpu_ops`` — framework operators (``cpu_op`` / legacy ``Operator``):
-    name (str), start_ns, end_ns (int64), external_id (int64), tid (int64),
+    name (categorical), start_ns, end_ns (int64), external_id (int64), tid (int64),
     input_dims, input_types, concrete_inputs (object: raw ``Input Dims`` / ``Input type`` /
     ``Concrete Inputs`` JSON bytes, decoded on demand with
     ``diagnose.trace.kineto.parse_input_dims``; None when not recorded, and always None in
@@ -33,7 +36,7 @@ Column contracts (pandas DataFrames, one row per event):
     start_ns, end_ns (int64), pid (int64), tid (int64).
 
 ``gpu_syncs`` — ``cuda_sync`` events shown on a GPU stream (waits, event syncs); used to
-    label gaps, never busy time: name, device, stream, start_ns, end_ns.
+    label gaps, never busy time: name (categorical), device, stream, start_ns, end_ns.
 
 ``python_frames`` — Python frames of ``with_stack`` / ``with_modules`` tracing (Kineto
     ``python_function`` events): name (categorical of str: ``file(line): function`` or
@@ -41,7 +44,7 @@ Column contracts (pandas DataFrames, one row per event):
     read from them (:mod:`diagnose.analyzers.pyframes`); nsys exports have none.
 
 ``overhead`` — profiler overhead the tracer itself recorded (Kineto ``"cat": "overhead"``:
-    CUPTI/roctracer "Activity Buffer Request", "Lazy Function Loading"...): name (str),
+    CUPTI/roctracer "Activity Buffer Request", "Lazy Function Loading"...): name (categorical),
     start_ns, end_ns, pid, tid (int64). nsys: its ``PROFILER_OVERHEAD`` table ("CUPTI Buffer
     flush", "CUPTI Instrumentation", ...).
 
@@ -58,7 +61,7 @@ linked to another rank's launch. :func:`~diagnose.trace.ranks.split_ranks` remov
 """
 from __future__ import annotations
 
-import weakref
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -70,7 +73,7 @@ RANK_ID_SHIFT = 40  # a merged file's correlation/external ids of rank r: r << 4
 
 GPU_COLUMNS = {
     "kind": "object",
-    "name": "object",
+    "name": "category",
     "device": "int64",
     "stream": "int64",
     "start_ns": "int64",
@@ -81,7 +84,7 @@ GPU_COLUMNS = {
     "pid": "int64",
 }
 RUNTIME_COLUMNS = {
-    "name": "object",
+    "name": "category",
     "api_kind": "object",
     "start_ns": "int64",
     "end_ns": "int64",
@@ -90,7 +93,7 @@ RUNTIME_COLUMNS = {
     "tid": "int64",
 }
 CPU_OP_COLUMNS = {
-    "name": "object",
+    "name": "category",
     "start_ns": "int64",
     "end_ns": "int64",
     "external_id": "int64",
@@ -109,14 +112,14 @@ ANNOTATION_COLUMNS = {
     "tid": "int64",
 }
 SYNC_COLUMNS = {
-    "name": "object",
+    "name": "category",
     "device": "int64",
     "stream": "int64",
     "start_ns": "int64",
     "end_ns": "int64",
 }
 OVERHEAD_COLUMNS = {
-    "name": "object",
+    "name": "category",
     "start_ns": "int64",
     "end_ns": "int64",
     "pid": "int64",
@@ -137,44 +140,96 @@ FRAMES = {"gpu": GPU_COLUMNS, "runtime": RUNTIME_COLUMNS, "cpu_ops": CPU_OP_COLU
 def factorize(values: Any) -> tuple[np.ndarray, np.ndarray]:
     """(codes, uniques) of a 1-D sequence of hashable values (names, categories): codes int64
     into uniques, in first-seen order, like ``pd.factorize(values, sort=False)`` except that
-    None is a value like any other. Kept over ``pd.factorize``: on the loader's object arrays
-    of ``str`` it is about 2x faster (pandas first infers a string dtype; measured on the 316 MB
-    replica: 24 vs 44 ms for 126k names, ``_Columns.state()`` 65 % slower with pandas). A
-    categorical gives its own codes and categories at no cost (categories' order; code -1 for
-    a missing value).
+    None is a value like any other.
+
+    A categorical (every name column of a loaded trace) gives its own codes: at no cost when
+    its categories are in first-seen order and all used (as the loaders leave them, see
+    :func:`categorical`); otherwise (a subset of rows, a re-sorted frame) its integer codes
+    are factorized, never the strings (a missing value, code -1, is the unique None). Other
+    sequences: a dict filled in C (kept over ``pd.factorize``, which would turn None
+    into a missing value, and which is slower on the loader's fresh ``str``: measured 19 vs
+    10 ms for 40k op names).
     """
-    if isinstance(getattr(values, "dtype", None), pd.CategoricalDtype):  # codes for free
-        cat = values.cat if isinstance(values, pd.Series) else values
-        return np.asarray(cat.codes, dtype=np.int64), np.asarray(cat.categories, dtype=object)
+    if isinstance(getattr(values, "dtype", None), pd.CategoricalDtype):
+        cat = values.array if isinstance(values, pd.Series) else values
+        return _recode(np.asarray(cat.codes), np.asarray(cat.categories, dtype=object))
     if isinstance(values, pd.Series):
         values = values.to_numpy(dtype=object)
-    key = owner = None
-    if isinstance(values, np.ndarray) and values.ndim == 1 and len(values) >= _FACTORIZE_CACHE_MIN:
-        # pandas hands out a new read-only view of a column each time: key on the memory it views
-        owner = values.base if values.base is not None else values
-        key = (values.ctypes.data, len(values), values.strides[0])
-        hit = _FACTORIZED.get(key)
-        if hit is not None and hit[0]() is owner:
-            return hit[1], hit[2]
+    n = len(values)
     seen: dict[Any, int] = {}
-    codes = np.fromiter((seen.setdefault(v, len(seen)) for v in values), dtype=np.int64, count=len(values))
-    uniq = np.fromiter(seen, dtype=object, count=len(seen))
-    if key is not None:
-        try:
-            ref = weakref.ref(owner, lambda _r, k=key: _FACTORIZED.pop(k, None))
-        except TypeError:  # an owner without weak references: not cached
-            return codes, uniq
-        codes.setflags(write=False)  # shared between callers: never modified in place
-        uniq.setflags(write=False)
-        _FACTORIZED[key] = (ref, codes, uniq)
-    return codes, uniq
+    # each value -> the position of its first occurrence, in C (dict.setdefault over a counter)
+    first = np.fromiter(map(seen.setdefault, values, itertools.count()), dtype=np.int64, count=n)
+    dense = np.cumsum(first == np.arange(n)) - 1  # at a first occurrence: its value's code
+    return dense[first], np.fromiter(seen, dtype=object, count=len(seen))
 
 
-#: Factorizations of large name columns, by the memory they view, dropped with it: the
-#: analyzers ask for the codes of the same trace column several times (316 MB replica: the
-#: runtime names' 542k values five times).
-_FACTORIZED: dict[tuple, tuple] = {}
-_FACTORIZE_CACHE_MIN = 10_000
+def _first_seen(codes: np.ndarray, k: int) -> bool:
+    """Whether ``codes`` (into ``k`` values, -1 = missing) use every value, and first in the
+    order 0, 1, ..., k-1: then they already are their own first-seen factorization."""
+    n = len(codes)
+    if n == 0 or k == 0 or k > n:
+        return n == 0 and k == 0
+    c = codes.astype(np.int32, copy=False)
+    top = np.maximum.accumulate(c)
+    return bool(c[0] == 0 and top[-1] == k - 1 and c.min() >= 0 and (c[1:] <= top[:-1] + 1).all())
+
+
+def _recode(codes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, uniques) in first-seen order from integer ``codes`` into distinct ``values``
+    (-1: missing, the unique None), by factorizing the integers (hash table, no strings)."""
+    if _first_seen(codes, len(values)):
+        return codes.astype(np.int64), values
+    order, seen = pd.factorize(codes, sort=False)  # seen: the distinct codes in first-seen order
+    table = np.append(values, None)  # code -1 -> None
+    return order.astype(np.int64, copy=False), table[np.asarray(seen, dtype=np.int64)]
+
+
+def categorical(codes: np.ndarray, values: np.ndarray) -> pd.Categorical:
+    """A name column from integer ``codes`` into ``values`` (-1 or a None value: missing;
+    values may repeat): a categorical whose categories are the values used, in first-seen
+    order, so that :func:`factorize` reads its codes as they are. One hash pass over the
+    integer codes; the strings are looked at once per distinct value.
+    """
+    codes = np.asarray(codes)
+    if codes.dtype.kind != "i":
+        codes = codes.astype(np.int64)
+    vals = np.asarray(values, dtype=object)
+    canon: dict[Any, int] = {}
+    remap = np.array([-1 if v is None else canon.setdefault(v, len(canon)) for v in vals.tolist()] + [-1], dtype=np.int64)
+    if len(canon) < len(vals) or (remap[:-1] != np.arange(len(vals))).any():
+        codes, vals = remap[codes], np.fromiter(canon, dtype=object, count=len(canon))
+    order, uniq = _recode(codes, vals)
+    missing = np.equal(uniq, None)
+    if missing.any():  # the missing value is no category: its rows get code -1
+        pos = np.cumsum(~missing) - 1
+        pos[missing] = -1
+        order, uniq = pos[order], uniq[~missing]
+    return pd.Categorical.from_codes(order, dtype=pd.CategoricalDtype(pd.Index(uniq, dtype=object)))
+
+
+def as_categorical(values: Any) -> pd.Categorical:
+    """``values`` (a sequence of str, or a categorical) as a name column: see :func:`categorical`."""
+    if isinstance(getattr(values, "dtype", None), pd.CategoricalDtype):
+        cat = values.array if isinstance(values, pd.Series) else values
+        codes, cats = np.asarray(cat.codes), np.asarray(cat.categories, dtype=object)
+        return cat if _first_seen(codes, len(cats)) else categorical(codes, cats)
+    return categorical(*factorize(values))
+
+
+def concat_named(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """Frames one after the other (a new RangeIndex), a ``name`` column that is categorical in
+    every part staying categorical (categories merged; ``pd.concat`` would give an object
+    column of one str per row)."""
+    if len(parts) == 1:
+        return parts[0].reset_index(drop=True)
+    cats = [p["name"].array for p in parts]
+    if not all(isinstance(c, pd.Categorical) for c in cats):
+        return pd.concat(parts, ignore_index=True)
+    from pandas.api.types import union_categoricals
+
+    out = pd.concat([p.drop(columns="name") for p in parts], ignore_index=True)
+    out.insert(list(parts[0].columns).index("name"), "name", union_categoricals(cats))
+    return out
 
 
 def per_unique(values: Any, fn: Callable[[Any], Any], dtype: Any = bool) -> np.ndarray:
@@ -205,7 +260,7 @@ def frame(columns: dict[str, str], data: dict[str, Any] | None = None) -> pd.Dat
             continue
         v = data[c]
         if t == "category":
-            out[c] = v if isinstance(getattr(v, "dtype", None), pd.CategoricalDtype) else pd.Series(v, dtype="category")
+            out[c] = pd.Series(as_categorical(v), copy=False)
         elif t == "object":
             out[c] = pd.Series(v, dtype=object, copy=False) if not isinstance(v, pd.Series) else v.astype(object)
         else:

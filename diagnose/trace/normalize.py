@@ -17,17 +17,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from diagnose.trace.model import Trace
+from diagnose.trace.model import FRAMES, Trace, as_categorical
 
 OUTLIER_NS = 24 * 3600 * 10**9
 CLIP_OVERLAP_NS = 1_000_000
 
 
 def normalize(trace: Trace) -> Trace:
-    """Apply the rules above to ``trace`` in place and return it."""
+    """Apply the rules above to ``trace`` in place and return it; every name column leaves as
+    a categorical in first-seen order (:func:`~diagnose.trace.model.as_categorical`), whatever
+    rows were excluded or re-sorted."""
+    _clip(trace)
+    for attr in FRAMES:
+        f = getattr(trace, attr)
+        if "name" in f.columns and len(f):
+            cat = as_categorical(f["name"])
+            if cat is not f["name"].array:
+                f["name"] = cat
+    return trace
+
+
+def _clip(trace: Trace) -> None:
     g = trace.gpu
     if len(g) == 0:
-        return trace
+        return
     med = int(np.median(g["start_ns"].to_numpy()))
     for attr in ("gpu", "runtime", "annotations", "gpu_syncs", "overhead"):
         f = getattr(trace, attr)
@@ -61,7 +74,6 @@ def normalize(trace: Trace) -> Trace:
                    f"{int(small.sum())} activit(y/ies) overlap the next one on their stream by up to 1 ms (programmatic dependent launch): kept; busy time counts the union",
                    int(small.sum()))
     trace.gpu = g.sort_values(["device", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
-    return trace
 
 
 def _same_stream(g, keys: list[str]) -> np.ndarray:

@@ -72,7 +72,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.errors import TraceFormatError
-from diagnose.trace.model import GPU_COLUMNS, OVERHEAD_COLUMNS, RUNTIME_COLUMNS, SYNC_COLUMNS, DeviceInfo, Trace, frame
+from diagnose.trace.model import GPU_COLUMNS, OVERHEAD_COLUMNS, RUNTIME_COLUMNS, SYNC_COLUMNS, DeviceInfo, Trace, concat_named, frame
 from diagnose.trace.nsys_db import (  # noqa: F401 - the reader's public names, importable from here
     ARROW_BATCH_ROWS,
     CHUNK_ROWS,
@@ -273,7 +273,7 @@ def _load(db: _Db, path: str) -> Trace:
                 len(part),
             )
     if gpu_parts:
-        gpu = pd.concat(gpu_parts, ignore_index=True) if len(gpu_parts) > 1 else gpu_parts[0]
+        gpu = concat_named(gpu_parts)
         gpu = _drop_negative(gpu, notes)
         gpu = gpu.sort_values(["device", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
         if not composite and pid_known:  # one process (or none named): its pid on every row

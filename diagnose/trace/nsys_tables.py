@@ -9,10 +9,11 @@ from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
+from pandas.api.types import union_categoricals
 
 from diagnose.trace.apis import api_kind
-from diagnose.trace.model import ANNOTATION_COLUMNS, RUNTIME_COLUMNS, Trace, factorize, frame
-from diagnose.trace.nsys_db import _MASK24, _NULL_END, _Cols, _Db, _Factor, _q
+from diagnose.trace.model import ANNOTATION_COLUMNS, RUNTIME_COLUMNS, Trace, categorical, factorize, frame
+from diagnose.trace.nsys_db import _MASK24, _NULL_END, _Cols, _Db, _Factor, _q, _Strings
 
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -117,20 +118,29 @@ def _lookup(ids: np.ndarray, strings: pd.Series) -> np.ndarray:
     return out
 
 
-def _combo_names(keys: np.ndarray, build: Callable[[int], str]) -> np.ndarray:
+def _combo_names(keys: np.ndarray, build: Callable[[int], str]) -> pd.Categorical:
     """Name rows by a small integer key: ``build(key)`` runs once per distinct key."""
     if len(keys) == 0:
-        return np.array([], dtype=object)
+        return categorical(np.zeros(0, np.int64), np.array([], dtype=object))
     uniq, inv = np.unique(keys, return_inverse=True)
     labels = np.array([build(int(k)) for k in uniq.tolist()], dtype=object)
-    return labels[inv.reshape(-1)]
+    return categorical(inv.reshape(-1), labels)
+
+
+def _names(strings: _Strings, ids: np.ndarray, notes: _Notes) -> pd.Categorical:
+    """The strings of ``ids`` as a categorical, from their positions in ``strings`` (no string
+    is hashed per row); "" for an id ``StringIds`` lacks, counted as unresolved."""
+    pos = strings.index(ids)
+    missing = pos < 0
+    notes.unresolved += int(missing.sum())
+    return categorical(np.where(missing, len(strings.values), pos), np.append(strings.values, ""))
 
 
 def _df(cols: dict[str, np.ndarray]) -> pd.DataFrame:
     """DataFrame keeping object arrays as object dtype (pandas 3 would infer ``str``)."""
     return pd.DataFrame(
         {c: pd.Series(v, dtype=object) if v.dtype == object else v for c, v in cols.items()}
-    )
+    )  # a categorical (names) stays one
 
 
 class _Notes:
@@ -207,11 +217,7 @@ def _kernels(db: _Db, notes: _Notes, composite: bool) -> pd.DataFrame | None:
         whens = " ".join(f"WHEN {_q(c)} IN {good} THEN {_q(c)}" for c in cands[:-1])
         name_expr = f"CASE {whens} ELSE COALESCE({_q(cands[-1])}, -1) END"
     d = db.read(KERNEL_TABLE, _gpu_cols(db, KERNEL_TABLE, composite), _ACTIVITY_WHERE, {"nameId": name_expr})
-    names = db.strings(d["nameId"]).take(d["nameId"])
-    missing = np.equal(names, None)
-    notes.unresolved += int(missing.sum())
-    names[missing] = ""
-    return _gpu_frame(d, "kernel", names, composite)
+    return _gpu_frame(d, "kernel", _names(db.strings(d["nameId"]), d["nameId"], notes), composite)
 
 
 def _graphs(db: _Db, notes: _Notes, composite: bool) -> pd.DataFrame | None:
@@ -278,10 +284,7 @@ def _overhead(db: _Db, notes: _Notes) -> pd.DataFrame | None:
     if not db.has(OVERHEAD_TABLE):
         return None
     d = db.read(OVERHEAD_TABLE, {**_TIME_COLS, "nameId": (("nameId",), -1), "gtid": (("globalTid",), 0)}, _ACTIVITY_WHERE)
-    names = db.strings(d["nameId"]).take(d["nameId"])
-    missing = np.equal(names, None)
-    notes.unresolved += int(missing.sum())
-    names[missing] = ""
+    names = _names(db.strings(d["nameId"]), d["nameId"], notes)
     gtid = d["gtid"]
     df = _drop_negative(_df({"name": names, "start_ns": d["start"], "end_ns": d["end"],
                              "pid": (gtid >> 24) & _MASK24, "tid": gtid & _MASK24}), notes)
@@ -306,12 +309,9 @@ def _runtime(db: _Db, notes: _Notes) -> dict[str, np.ndarray]:
         )
         # Clean and classify each distinct name once, then map by position.
         clean = db.strings(d["nameId"]).map(lambda v: _VERSION_SUFFIX.sub("", v))
-        names = clean.take(d["nameId"])
-        missing = np.equal(names, None)
-        notes.unresolved += int(missing.sum())
-        names[missing] = ""
+        names = _names(clean, d["nameId"], notes)
         kind = clean.map(api_kind).take(d["nameId"])
-        kind[missing] = "other"
+        kind[np.equal(kind, None)] = "other"
         gtid = d["gtid"]
         parts.append(
             {
@@ -325,8 +325,9 @@ def _runtime(db: _Db, notes: _Notes) -> dict[str, np.ndarray]:
             }
         )
     if not parts:
-        return {c: np.array([], dtype=object if t == "object" else np.int64) for c, t in RUNTIME_COLUMNS.items()}
-    return {c: np.concatenate([p[c] for p in parts]) for c in RUNTIME_COLUMNS}
+        return {c: np.array([], dtype=np.int64 if t == "int64" else object) for c, t in RUNTIME_COLUMNS.items()}
+    return {c: (union_categoricals([p[c] for p in parts]) if len(parts) > 1 else parts[0][c]) if c == "name"
+            else np.concatenate([p[c] for p in parts]) for c in RUNTIME_COLUMNS}
 
 
 _API_SYNC = (
@@ -357,7 +358,7 @@ def _syncs(db: _Db, runtime: dict[str, np.ndarray], composite: bool) -> pd.DataF
     cols["syncType"] = (("syncType",), 0)
     d = db.read(SYNC_TABLE, cols, _ACTIVITY_WHERE)
     corr = _correlation(d, composite)
-    names = _combo_names(d["syncType"], lambda k: _SYNC_NAME.get(k, "Unknown Sync"))
+    names = np.asarray(_combo_names(d["syncType"], lambda k: _SYNC_NAME.get(k, "Unknown Sync")), dtype=object)
     if len(corr) and len(runtime["name"]):
         # Only the API rows sharing a sync record's correlation (in row order: first one wins).
         rc = runtime["correlation"]
