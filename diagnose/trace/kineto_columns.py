@@ -13,7 +13,6 @@ from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
-import pandas as pd
 
 from diagnose.errors import TraceFormatError
 from diagnose.trace.apis import api_kind
@@ -201,15 +200,24 @@ def _split_rank_pids(vals: list) -> tuple[list, list | None]:
     return vals, labels
 
 
-def _ids(vals: list, default: int = -1, types: set | None = None) -> np.ndarray:
-    """pid/tid-like values (int, "stream 7", None...) as int64; see _as_int. ``types``: the
-    set of the values' types, when the caller has it."""
-    if (types if types is not None else set(map(type, vals))) == {int}:  # only then: np.fromiter would also parse "-7" or "7"
-        try:
-            return np.fromiter(vals, np.int64, len(vals))
-        except OverflowError:
-            pass
+def _ids(vals: list, default: int = -1) -> np.ndarray:
+    """pid/tid-like values (int, "stream 7", None...) as int64; see _as_int."""
+    arr = _int64(vals)
+    if arr is not None:
+        return arr
     return np.array([v if type(v) is int and -_I64 < v < _I64 else _as_int(v, default) for v in vals], dtype=np.int64)
+
+
+def _int64(vals: list) -> np.ndarray | None:
+    """``vals`` as int64 when every one is an int that fits (numpy's own type discovery, in C:
+    a str or None gives another dtype), else None. The schemas never give a bool here."""
+    if not vals:
+        return None
+    try:
+        arr = np.array(vals)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return arr if arr.dtype == np.int64 and arr.ndim == 1 else None
 
 
 class _Raw:
@@ -234,21 +242,21 @@ class _Raw:
             self.strings = _string_times(ts_vals, dur_vals)
         self._args = list(map(_get_args, evs))
         self._pids: list | None = None
-        self._types: set | None = None
+        self._ints: np.ndarray | None = None  # the pids when all are ints
         self._labels: list | None = None
 
     def _pid_values(self) -> list:
         if self._pids is None:
             vals = list(map(_get_pid, self.evs))
-            self._types = set(map(type, vals))
-            if str in self._types:
+            self._ints = _int64(vals)
+            if self._ints is None and any(type(v) is str for v in vals):
                 vals, self._labels = _split_rank_pids(vals)
-                self._types = None
             self._pids = vals
         return self._pids
 
     def pid(self, default: int = -1) -> np.ndarray:
-        return _ids(self._pid_values(), default, self._types)
+        vals = self._pid_values()
+        return self._ints if self._ints is not None else _ids(vals, default)
 
     def rank_labels(self, look: bool = True) -> list | None:
         """The rank label of each event ("" for none), None when no event has one. With
