@@ -9,8 +9,10 @@ same load, and a drift in load cancels in the per-pair ratio. Measured per run:
 * ``cpu``: user + system time of the subprocess and of every child it waited for (diagnose
   decodes a large file on forked workers: their CPU counts), from ``os.wait4``;
 * ``hwm``: peak resident set of the main process (``VmHWM`` from ``/proc/PID/status``, read
-  when it exits), and ``tree``: the peak of the summed resident sets of the process and its
-  children, sampled every 20 ms (workers run beside the main process);
+  when it exits), and ``tree``: the peak of the summed proportional set sizes (PSS: a page
+  shared copy-on-write by a forked worker counts once) of the process and its children,
+  sampled every 20 ms (workers run beside the main process); the summed RSS peak (shared
+  pages counted in every process) is in the JSON;
 * the machine's load: ``/proc/loadavg`` (1-minute) before each pair, and the CPU time other
   processes used during the pair (``/proc/stat`` busy jiffies minus the pair's own), as a
   share of the machine's CPUs.
@@ -86,6 +88,16 @@ def _rss_kib(pid: int) -> int:
         return 0
 
 
+def _pss_kib(pid: int) -> int:
+    """Proportional set size: pages shared with another process (a forked worker reading the
+    parent's decompressed document copy-on-write) count once across the processes."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next((int(ln.split()[1]) for ln in f if ln.startswith("Pss:")), 0)
+    except (OSError, ValueError):
+        return 0
+
+
 def _children(pid: int) -> list[int]:
     out = []
     try:
@@ -111,13 +123,14 @@ def run_side(argv: list[str], env: dict) -> dict:
         hwm_path = tf.name
     env = {**env, "BENCH_HWM": hwm_path}
     err = tempfile.TemporaryFile()
-    peak = [0]
+    peak = [0, 0]
     stop = threading.Event()
 
     def sample(pid: int) -> None:
         while not stop.wait(0.02):
-            tot = _rss_kib(pid) + sum(_rss_kib(c) for c in _children(pid))
-            peak[0] = max(peak[0], tot)
+            kids = _children(pid)
+            peak[0] = max(peak[0], _rss_kib(pid) + sum(_rss_kib(c) for c in kids))
+            peak[1] = max(peak[1], _pss_kib(pid) + sum(_pss_kib(c) for c in kids))
 
     try:
         t0 = time.perf_counter()
@@ -135,7 +148,8 @@ def run_side(argv: list[str], env: dict) -> dict:
         with open(hwm_path) as f:
             hwm = int(f.read() or 0)
         return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "user_s": ru.ru_utime, "sys_s": ru.ru_stime,
-                "hwm_mib": hwm / 1024, "tree_peak_mib": peak[0] / 1024, "maxrss_mib": ru.ru_maxrss / 1024}
+                "hwm_mib": hwm / 1024, "tree_peak_mib": peak[0] / 1024, "tree_pss_peak_mib": peak[1] / 1024,
+                "maxrss_mib": ru.ru_maxrss / 1024}
     finally:
         err.close()
         os.unlink(hwm_path)
@@ -183,7 +197,7 @@ def bench(trace: Path, pairs: int, vs_checkout: Path | None) -> dict:
         if tmp is not None:
             tmp.cleanup()
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k[:2] in ("a_", "b_")}
-    ratios = {m: [r[f"b_{m}"] / r[f"a_{m}"] for r in rows] for m in ("wall_s", "cpu_s", "hwm_mib", "tree_peak_mib")}
+    ratios = {m: [r[f"b_{m}"] / r[f"a_{m}"] for r in rows] for m in ("wall_s", "cpu_s", "hwm_mib", "tree_pss_peak_mib")}
     return {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "trace": str(trace), "trace_bytes": trace.stat().st_size,
@@ -233,16 +247,16 @@ def markdown(res: dict) -> str:
         f"load average (1 min) median {res['load']['loadavg_1m_median']:.1f}, other processes used a median "
         f"{res['load']['others_cpu_share_median']:.0%} of the CPUs during the pairs.",
         "",
-        "| side | wall s (median) | CPU s (median) | peak RSS MiB, main (VmHWM) | peak RSS MiB, process tree |",
+        "| side | wall s (median) | CPU s (median) | peak RSS MiB, main process (VmHWM) | peak MiB, process tree (PSS) |",
         "|---|---:|---:|---:|---:|",
-        f"| A: {res['a']} | {md['a_wall_s']:.2f} | {md['a_cpu_s']:.2f} | {md['a_hwm_mib']:.0f} | {md['a_tree_peak_mib']:.0f} |",
-        f"| B: {res['b']} | {md['b_wall_s']:.2f} | {md['b_cpu_s']:.2f} | {md['b_hwm_mib']:.0f} | {md['b_tree_peak_mib']:.0f} |",
+        f"| A: {res['a']} | {md['a_wall_s']:.2f} | {md['a_cpu_s']:.2f} | {md['a_hwm_mib']:.0f} | {md['a_tree_pss_peak_mib']:.0f} |",
+        f"| B: {res['b']} | {md['b_wall_s']:.2f} | {md['b_cpu_s']:.2f} | {md['b_hwm_mib']:.0f} | {md['b_tree_pss_peak_mib']:.0f} |",
         "",
-        "| B / A per pair | wall | CPU | peak (VmHWM) | peak (tree) |",
+        "| B / A per pair | wall | CPU | peak (VmHWM) | peak (tree PSS) |",
         "|---|---:|---:|---:|---:|",
-        f"| median | {rm['wall_s']:.2f}x | {rm['cpu_s']:.2f}x | {rm['hwm_mib']:.2f}x | {rm['tree_peak_mib']:.2f}x |",
-        f"| geometric mean | {rg['wall_s']:.2f}x | {rg['cpu_s']:.2f}x | {rg['hwm_mib']:.2f}x | {rg['tree_peak_mib']:.2f}x |",
-        f"| worst pair | {rmin['wall_s']:.2f}x | {rmin['cpu_s']:.2f}x | {rmin['hwm_mib']:.2f}x | {rmin['tree_peak_mib']:.2f}x |",
+        f"| median | {rm['wall_s']:.2f}x | {rm['cpu_s']:.2f}x | {rm['hwm_mib']:.2f}x | {rm['tree_pss_peak_mib']:.2f}x |",
+        f"| geometric mean | {rg['wall_s']:.2f}x | {rg['cpu_s']:.2f}x | {rg['hwm_mib']:.2f}x | {rg['tree_pss_peak_mib']:.2f}x |",
+        f"| worst pair | {rmin['wall_s']:.2f}x | {rmin['cpu_s']:.2f}x | {rmin['hwm_mib']:.2f}x | {rmin['tree_pss_peak_mib']:.2f}x |",
         "",
         "| pair | order | load 1m | others' CPU | A wall / CPU s | B wall / CPU s | B/A wall | B/A CPU |",
         "|---:|---|---:|---:|---|---|---:|---:|",
