@@ -31,8 +31,9 @@ Decoding uses msgspec typed structs with ``args`` kept as raw bytes, so argument
 of events the analysis does not need (``python_function``, instant events, flows...) are
 never materialised. A ``cpu_op``'s ``Input Dims``, ``Input type`` and ``Concrete Inputs``
 (scalar arguments as strings, e.g. SDPA's ``is_causal``) stay raw JSON bytes in the
-``cpu_ops`` frame, decoded on demand (:func:`parse_input_dims`); equal ``Concrete Inputs``
-share one object.
+``cpu_ops`` frame, decoded on demand (:func:`parse_input_dims`); equal values share one
+object. Every ``name`` column is a categorical (:mod:`diagnose.trace.model`): names stay
+codes into their distinct values from the slice that decoded them to the frame.
 
 The loader is three modules, one per job: this one reads the document (top-level keys,
 repairs, slicing a large file and decoding its slices on forked workers) and builds the
