@@ -9,10 +9,11 @@ same load, and a drift in load cancels in the per-pair ratio. Measured per run:
 * ``cpu``: user + system time of the subprocess and of every child it waited for (diagnose
   decodes a large file on forked workers: their CPU counts), from ``os.wait4``;
 * ``hwm``: peak resident set of the main process (``VmHWM`` from ``/proc/PID/status``, read
-  when it exits), and ``tree``: the peak of the summed proportional set sizes (PSS: a page
-  shared copy-on-write by a forked worker counts once) of the process and its children,
-  sampled every 20 ms (workers run beside the main process); the summed RSS peak (shared
-  pages counted in every process) is in the JSON;
+  when it exits), and ``tree``: the peak of the main process's resident set plus its
+  children's private memory (a forked worker's own pages: what it shares copy-on-write
+  with the main process, the decompressed document, is counted once), sampled every 20 ms
+  (workers run beside the main process); the summed RSS peak (shared pages counted in every
+  process) is in the JSON;
 * the machine's load: ``/proc/loadavg`` (1-minute) before each pair, and the CPU time other
   processes used during the pair (``/proc/stat`` busy jiffies minus the pair's own), as a
   share of the machine's CPUs.
@@ -73,10 +74,12 @@ assert ta.t.is_parsed and ta.t.traces, 'HTA parsed no rank'
 _HWM_HOOK = """
 import atexit as _ax, os as _os
 def _hwm():
+    import sys as _s
     with open('/proc/self/status') as f:
         hwm = next((int(l.split()[1]) for l in f if l.startswith('VmHWM:')), 0)
+    d = _s.modules.get('diagnose')
     with open(_os.environ['BENCH_HWM'], 'w') as f:
-        f.write(str(hwm))
+        f.write(str(hwm) + ' ' + (getattr(d, '__file__', '') or ''))
 _ax.register(_hwm)
 """
 
@@ -89,12 +92,12 @@ def _rss_kib(pid: int) -> int:
         return 0
 
 
-def _pss_kib(pid: int) -> int:
-    """Proportional set size: pages shared with another process (a forked worker reading the
-    parent's decompressed document copy-on-write) count once across the processes."""
+def _private_kib(pid: int) -> int:
+    """Unique set size: the pages only this process maps (a forked worker's own objects; not
+    the parent's decompressed document it reads copy-on-write, nor shared libraries)."""
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
-            return next((int(ln.split()[1]) for ln in f if ln.startswith("Pss:")), 0)
+            return sum(int(ln.split()[1]) for ln in f if ln.startswith(("Private_Clean:", "Private_Dirty:")))
     except (OSError, ValueError):
         return 0
 
@@ -117,6 +120,9 @@ def _busy_jiffies() -> int:
     return sum(v) - v[3] - (v[4] if len(v) > 4 else 0)  # minus idle and iowait
 
 
+_NEUTRAL_CWD = tempfile.mkdtemp(prefix="bench-pairs-cwd-")
+
+
 def run_side(argv: list[str], env: dict) -> dict:
     """One run: wall, cpu (incl. waited-for children), VmHWM of the main process, sampled
     peak of the process tree's summed RSS."""
@@ -131,11 +137,13 @@ def run_side(argv: list[str], env: dict) -> dict:
         while not stop.wait(0.02):
             kids = _children(pid)
             peak[0] = max(peak[0], _rss_kib(pid) + sum(_rss_kib(c) for c in kids))
-            peak[1] = max(peak[1], _pss_kib(pid) + sum(_pss_kib(c) for c in kids))
+            peak[1] = max(peak[1], _rss_kib(pid) + sum(_private_kib(c) for c in kids))
 
     try:
         t0 = time.perf_counter()
-        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        # cwd: an empty directory, so that ``python -c``'s sys.path[0] (the working directory)
+        # never shadows the checkout that PYTHONPATH names with another ``diagnose``
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=_NEUTRAL_CWD)
         th = threading.Thread(target=sample, args=(p.pid,), daemon=True)
         th.start()
         _, status, ru = os.wait4(p.pid, 0)
@@ -147,10 +155,11 @@ def run_side(argv: list[str], env: dict) -> dict:
             err.seek(0)
             raise RuntimeError(f"child failed (exit {code}): {' '.join(argv[:4])}...\n{err.read().decode(errors='replace')[-2000:]}")
         with open(hwm_path) as f:
-            hwm = int(f.read() or 0)
+            hwm_text, _, imported = f.read().partition(" ")
+        hwm = int(hwm_text or 0)
         return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "user_s": ru.ru_utime, "sys_s": ru.ru_stime,
-                "hwm_mib": hwm / 1024, "tree_peak_mib": peak[0] / 1024, "tree_pss_peak_mib": peak[1] / 1024,
-                "maxrss_mib": ru.ru_maxrss / 1024}
+                "hwm_mib": hwm / 1024, "tree_rss_sum_peak_mib": peak[0] / 1024, "tree_peak_mib": peak[1] / 1024,
+                "maxrss_mib": ru.ru_maxrss / 1024, "diagnose_from": imported or None}
     finally:
         err.close()
         os.unlink(hwm_path)
@@ -178,6 +187,7 @@ def bench(trace: Path, pairs: int, vs_checkout: Path | None) -> dict:
     if vs_checkout is not None:
         compile_bytecode(vs_checkout)
     env_a = {**os.environ, "PYTHONPATH": str(ROOT)}
+    trace = trace.resolve()  # the children run in another directory
     a_argv = [py, "-c", _HWM_HOOK + CHILD_DIAGNOSE, str(trace)]
     tmp = None
     if vs_checkout is not None:
@@ -212,8 +222,12 @@ def bench(trace: Path, pairs: int, vs_checkout: Path | None) -> dict:
     finally:
         if tmp is not None:
             tmp.cleanup()
-    med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k[:2] in ("a_", "b_")}
-    ratios = {m: [r[f"b_{m}"] / r[f"a_{m}"] for r in rows] for m in ("wall_s", "cpu_s", "hwm_mib", "tree_pss_peak_mib")}
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k[:2] in ("a_", "b_") and k[2:] != "diagnose_from"}
+    for side, want in (("a", ROOT), ("b", vs_checkout)):  # each side ran the code it names
+        got = {r[f"{side}_diagnose_from"] for r in rows}
+        if want is not None and got != {str(Path(want).resolve() / "diagnose" / "__init__.py")}:
+            raise RuntimeError(f"side {side} imported diagnose from {sorted(map(str, got))}, not from {want}")
+    ratios = {m: [r[f"b_{m}"] / r[f"a_{m}"] for r in rows] for m in ("wall_s", "cpu_s", "hwm_mib", "tree_peak_mib")}
     return {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "trace": str(trace), "trace_bytes": trace.stat().st_size,
@@ -263,16 +277,16 @@ def markdown(res: dict) -> str:
         f"load average (1 min) median {res['load']['loadavg_1m_median']:.1f}, other processes used a median "
         f"{res['load']['others_cpu_share_median']:.0%} of the CPUs during the pairs.",
         "",
-        "| side | wall s (median) | CPU s (median) | peak RSS MiB, main process (VmHWM) | peak MiB, process tree (PSS) |",
+        "| side | wall s (median) | CPU s (median) | peak RSS MiB, main process (VmHWM) | peak MiB, main RSS + workers' private |",
         "|---|---:|---:|---:|---:|",
-        f"| A: {res['a']} | {md['a_wall_s']:.2f} | {md['a_cpu_s']:.2f} | {md['a_hwm_mib']:.0f} | {md['a_tree_pss_peak_mib']:.0f} |",
-        f"| B: {res['b']} | {md['b_wall_s']:.2f} | {md['b_cpu_s']:.2f} | {md['b_hwm_mib']:.0f} | {md['b_tree_pss_peak_mib']:.0f} |",
+        f"| A: {res['a']} | {md['a_wall_s']:.2f} | {md['a_cpu_s']:.2f} | {md['a_hwm_mib']:.0f} | {md['a_tree_peak_mib']:.0f} |",
+        f"| B: {res['b']} | {md['b_wall_s']:.2f} | {md['b_cpu_s']:.2f} | {md['b_hwm_mib']:.0f} | {md['b_tree_peak_mib']:.0f} |",
         "",
-        "| B / A per pair | wall | CPU | peak (VmHWM) | peak (tree PSS) |",
+        "| B / A per pair | wall | CPU | peak (VmHWM) | peak (tree) |",
         "|---|---:|---:|---:|---:|",
-        f"| median | {rm['wall_s']:.2f}x | {rm['cpu_s']:.2f}x | {rm['hwm_mib']:.2f}x | {rm['tree_pss_peak_mib']:.2f}x |",
-        f"| geometric mean | {rg['wall_s']:.2f}x | {rg['cpu_s']:.2f}x | {rg['hwm_mib']:.2f}x | {rg['tree_pss_peak_mib']:.2f}x |",
-        f"| worst pair | {rmin['wall_s']:.2f}x | {rmin['cpu_s']:.2f}x | {rmin['hwm_mib']:.2f}x | {rmin['tree_pss_peak_mib']:.2f}x |",
+        f"| median | {rm['wall_s']:.2f}x | {rm['cpu_s']:.2f}x | {rm['hwm_mib']:.2f}x | {rm['tree_peak_mib']:.2f}x |",
+        f"| geometric mean | {rg['wall_s']:.2f}x | {rg['cpu_s']:.2f}x | {rg['hwm_mib']:.2f}x | {rg['tree_peak_mib']:.2f}x |",
+        f"| worst pair | {rmin['wall_s']:.2f}x | {rmin['cpu_s']:.2f}x | {rmin['hwm_mib']:.2f}x | {rmin['tree_peak_mib']:.2f}x |",
         "",
         "| pair | order | load 1m | others' CPU | A wall / CPU s | B wall / CPU s | B/A wall | B/A CPU |",
         "|---:|---|---:|---:|---|---|---:|---:|",

@@ -46,12 +46,16 @@ def commands(small: Path) -> dict[str, list[str]]:
     }
 
 
+_NEUTRAL_CWD = __import__("tempfile").mkdtemp(prefix="bench-startup-cwd-")
+
+
 def run_round(cmds: dict[str, list[str]]) -> dict[str, tuple[float, float]]:
     out = {}
     for name, argv in cmds.items():
         before = os.times()
         t0 = time.perf_counter()
-        p = subprocess.run(argv, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        # cwd: an empty directory, so that ``python -c``'s sys.path[0] never shadows ROOT
+        p = subprocess.run(argv, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=_NEUTRAL_CWD)
         wall = time.perf_counter() - t0
         after = os.times()
         if p.returncode != 0:
@@ -69,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.small.is_file():
         ap.error(f"no such trace: {args.small}")
+    args.small = args.small.resolve()
     cmds = commands(args.small)
     from bench_pairs import compile_bytecode
 
