@@ -529,7 +529,8 @@ class _Columns:
         if r is not None:
             keep, start, end = r.times(base_ns)
             d = {"name": r.names(), "device": r.arg_or("device", 0), "stream": r.arg_or("stream", 0),
-                 "start_ns": start, "end_ns": end}
+                 "start_ns": start, "end_ns": end, "correlation": r.arg_or("correlation", -1),
+                 "wait_stream": r.arg_or("wait_on_stream", -1), "wait_record_correlation": r.arg_or("wait_record", -1)}
             self._keep("sync", d, keep, r)
         r = raws.get("overhead")
         if r is not None:
@@ -639,7 +640,7 @@ class _Columns:
             ("runtime", "runtime", RUNTIME_COLUMNS, ("correlation",), "start_ns"),
             ("cpu_ops", "op", CPU_OP_COLUMNS, ("external_id",), None),
             ("annotations", "ann", ANNOTATION_COLUMNS, (), "start_ns"),
-            ("gpu_syncs", "sync", SYNC_COLUMNS, (), None),
+            ("gpu_syncs", "sync", SYNC_COLUMNS, ("correlation", "wait_record_correlation"), None),
             ("overhead", "overhead", OVERHEAD_COLUMNS, (), "start_ns"),
             ("python_frames", "pyframe", PYTHON_FRAME_COLUMNS, (), "start_ns"),
         ):

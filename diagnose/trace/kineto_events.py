@@ -36,6 +36,8 @@ class _Args(_OpArgs, gc=False):
     external_id: Any = msgspec.field(default=None, name="External id")
     external_id_legacy: Any = msgspec.field(default=None, name="external id")
     bytes: Any = None
+    wait_on_stream: Any = None  # cuda_sync "Stream Wait Event": the stream waited on
+    wait_record: Any = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
 
 
 _I64 = 2**63
@@ -130,8 +132,8 @@ def _coerce_args(raw: msgspec.Raw) -> _Args | None | str:
             pass
     return _Args(device=kw.get("device"), stream=kw.get("stream"), correlation=kw.get("correlation"),
                  external_id=kw.get("external_id"), external_id_legacy=kw.get("external_id_legacy"),
-                 bytes=kw.get("bytes"), input_dims=a.input_dims, input_types=a.input_types,
-                 concrete_inputs=a.concrete_inputs)
+                 bytes=kw.get("bytes"), wait_on_stream=kw.get("wait_on_stream"), wait_record=kw.get("wait_record"),
+                 input_dims=a.input_dims, input_types=a.input_types, concrete_inputs=a.concrete_inputs)
 
 
 _BAD = object()  # a value that is present but not a usable number
@@ -310,6 +312,8 @@ class _StrictArgs(_OpArgs, gc=False):
     external_id: int = msgspec.field(default=_MISSING, name="External id")
     external_id_legacy: int = msgspec.field(default=_MISSING, name="external id")
     bytes: int = _MISSING
+    wait_on_stream: int = _MISSING
+    wait_record: int = msgspec.field(default=_MISSING, name="wait_on_cuda_event_record_corr_id")
 
 
 class _StrictX(msgspec.Struct, gc=False, tag_field="ph", tag="X"):

@@ -36,12 +36,18 @@ hashes a name string again.
     start_ns, end_ns (int64), pid (int64), tid (int64).
 
 ``gpu_syncs`` — ``cuda_sync`` events shown on a GPU stream (waits, event syncs); used to
-    label gaps, never busy time: name (categorical), device, stream, start_ns, end_ns.
+    label gaps and for cross-stream dependencies, never busy time: name (categorical), device,
+    stream, start_ns, end_ns, correlation (int64: the host call's, e.g. ``cudaStreamWaitEvent``; -1
+    unknown), wait_stream (int64: Kineto ``wait_on_stream`` of a "Stream Wait Event", the
+    stream waited on; -1 unknown), wait_record_correlation (int64: Kineto
+    ``wait_on_cuda_event_record_corr_id``, the correlation of the ``cudaEventRecord`` waited
+    on; -1 unknown).
 
 ``python_frames`` — Python frames of ``with_stack`` / ``with_modules`` tracing (Kineto
     ``python_function`` events): name (categorical of str: ``file(line): function`` or
     ``nn.Module: Name_N``), start_ns, end_ns, pid, tid (int64). Engine step entry points are
-    read from them (:mod:`diagnose.analyzers.pyframes`); nsys exports have none.
+    read from them (:mod:`diagnose.analyzers.pyframes`), and the critical path names host
+    frames with them (:mod:`diagnose.analyzers.hostpath`); nsys exports have none.
 
 ``overhead`` — profiler overhead the tracer itself recorded (Kineto ``"cat": "overhead"``:
     CUPTI/roctracer "Activity Buffer Request", "Lazy Function Loading"...): name (categorical),
@@ -117,6 +123,9 @@ SYNC_COLUMNS = {
     "stream": "int64",
     "start_ns": "int64",
     "end_ns": "int64",
+    "correlation": "int64",
+    "wait_stream": "int64",
+    "wait_record_correlation": "int64",
 }
 OVERHEAD_COLUMNS = {
     "name": "category",
@@ -312,10 +321,9 @@ class Trace:
             distributedInfo, user ``add_metadata_json`` objects such as ``diagnose``).
         partial: True when the file was cut or otherwise incomplete; every number derived
             from it must be flagged partial.
-        counts: cheap counts of events that are not materialised: ``python_function``
-            (number of Kineto ``python_function`` events, i.e. with_stack tracing) and
-            ``python_function_ns`` (their summed duration, ns). Kineto only; absent keys
-            mean 0.
+        counts: event counts: ``python_function`` (number of Kineto ``python_function``
+            events, i.e. with_stack tracing) and ``python_function_ns`` (their summed
+            duration, ns). Kineto only; absent keys mean 0.
         ranks: rank labels (e.g. "TP01-DP00-PP00-EP00") when several ranks were merged into
             this one file (SGLang ProfileMerger), else empty; see the column contract above.
     """

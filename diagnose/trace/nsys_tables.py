@@ -379,6 +379,9 @@ def _syncs(db: _Db, runtime: dict[str, np.ndarray], composite: bool) -> pd.DataF
             "stream": np.where(stream == _INVALID_U32, -1, stream),
             "start_ns": d["start"],
             "end_ns": d["end"],
+            "correlation": corr if len(corr) == len(names) else np.full(len(names), -1, dtype=np.int64),
+            "wait_stream": np.full(len(names), -1, dtype=np.int64),  # not exported
+            "wait_record_correlation": np.full(len(names), -1, dtype=np.int64),
         }
     )
     out = out[out["end_ns"] >= out["start_ns"]]

@@ -22,7 +22,8 @@ from diagnose.trace.model import FRAMES, RANK_ID_SHIFT, Trace
 
 _ID_MASK = (1 << RANK_ID_SHIFT) - 1
 # frame -> id columns qualified by the loader (see diagnose.trace.kineto._Columns.finish)
-_ID_COLUMNS = {"gpu": ("correlation", "external_id"), "runtime": ("correlation",), "cpu_ops": ("external_id",)}
+_ID_COLUMNS = {"gpu": ("correlation", "external_id"), "runtime": ("correlation",), "cpu_ops": ("external_id",),
+               "gpu_syncs": ("correlation", "wait_record_correlation")}
 
 
 def label_process_ranks(trace: Trace) -> Trace:
