@@ -50,6 +50,8 @@ GapCause = Literal[vocab.GAP_CAUSES]  # type: ignore[valid-type]
 Category = Literal[vocab.CATEGORIES]  # type: ignore[valid-type]
 Severity = Literal[vocab.SEVERITIES]  # type: ignore[valid-type]
 Bound = Literal["compute", "memory"]
+PathKind = Literal[vocab.PATH_KINDS]  # type: ignore[valid-type]
+PathStart = Literal[vocab.PATH_STARTS]  # type: ignore[valid-type]
 
 #: The rules' flat namespace: ``{dotted name: number or None}`` (:mod:`diagnose.findings`).
 Findings = dict[str, Union[int, float, None]]
@@ -312,6 +314,63 @@ class Wait(Record, kw_only=True):
     waited_on: str | None
 
 
+class PathSegment(Record, kw_only=True):
+    """A segment of a critical path (README "Critical path")."""
+
+    start_ms: float  # from the trace start
+    duration_ms: NonNegative = field(name="ms")
+    kind: PathKind
+    cause: GapCause | None  # host time, gaps, latencies, waits: why; GPU activities: None
+    activity: str | None  # host segments: the innermost host event's class (diagnose.analyzers.hostpath.ACTIVITIES)
+    name: str  # the GPU activity, the call, or the innermost host event
+    frame: str | None  # host segments: the innermost user python frame, else CPU op or range
+
+
+class CriticalPath(Record, kw_only=True):
+    """The critical path of a step (or of the window without steps): README "Critical path"."""
+
+    start_ms: float  # from the trace start
+    end_ms: float
+    length_ms: NonNegative
+    start_reason: PathStart
+    ms_by_kind: dict[PathKind, NonNegative]
+    host_ms_by_cause: dict[GapCause, NonNegative]
+    hta_comparable_ms: NonNegative
+    segment_count: int
+    segments: list[PathSegment]  # the longest ones, in time order
+
+
+class PathFrame(Record, kw_only=True):
+    """Host time on the critical paths of a phase, by frame, cause and activity."""
+
+    frame: str
+    cause: GapCause
+    activity: str
+    duration_ms: NonNegative = field(name="ms")
+
+
+class PathPhase(Record, kw_only=True):
+    """The critical paths of one phase's steps."""
+
+    phase: StepPhase
+    steps: int
+    length_p50_ms: NonNegative
+    length_total_ms: NonNegative
+    ms_by_kind: dict[PathKind, NonNegative]  # summed over the steps
+    share_by_kind: dict[PathKind, Share]  # of the summed lengths
+    host_ms_by_cause: dict[GapCause, NonNegative]
+    host_frames: list[PathFrame]
+    steps_with_host: int  # steps whose path holds host time: where an overlap scheduler's overlap broke
+    host_breaks: list[str]  # the steps with the most host time on their path, and where
+
+
+class PathSection(Record, kw_only=True):
+    """Critical paths: per phase summaries; the whole window's path when there are no steps."""
+
+    phases: list[PathPhase]
+    window: CriticalPath | None
+
+
 class Step(Record, kw_only=True):
     """One step, from the evidence ``evidence`` names (a step marker, ProfilerStep, an engine
     python frame, the GPU structure or the whole trace's shapes: README "Steps"); timed as in
@@ -343,6 +402,7 @@ class Step(Record, kw_only=True):
     wall_ns: int
     shape_flops: int | float
     shape_ops: int
+    critical_path: CriticalPath | None | UnsetType = UNSET
 
 
 class KernelRow(Record, kw_only=True):
@@ -464,6 +524,7 @@ class Report(Record, kw_only=True):
     gpu: Gpu | None
     model: ModelInfo | None
     kernel_table: list[KernelRow]
+    critical_path: PathSection | UnsetType = UNSET
     capture: Capture | UnsetType = UNSET
     headline: Headline | None | UnsetType = UNSET
     symptoms: list[Symptom] | UnsetType = UNSET

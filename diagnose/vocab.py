@@ -105,6 +105,25 @@ GAP_CAUSE_LABELS = {c.name: c.label for c in GAP_CAUSE_TABLE}
 EXTERNAL_CAUSES = frozenset(c.name for c in GAP_CAUSE_TABLE if c.external)
 
 
+#: Kinds of critical-path segment (README "Critical path"): time in GPU activities, the gaps
+#: between them, a launch call's latency until its work started, a cross-stream wait, a
+#: blocking call returning after the GPU work it waited for, and host time (split by cause).
+PATH_KINDS = ("gpu_compute", "gpu_communication", "memcpy", "gpu_gap", "launch_latency", "dependency", "sync_return", "host")
+PATH_KIND_LABELS = {
+    "gpu_compute": "GPU compute", "gpu_communication": "GPU communication", "memcpy": "memcpy/memset",
+    "gpu_gap": "GPU gaps", "launch_latency": "launch latency", "dependency": "cross-stream wait",
+    "sync_return": "sync return", "host": "host",
+}
+PATH_KIND_COLORS = {
+    "gpu_compute": "#1f77b4", "gpu_communication": "#e377c2", "memcpy": "#7f7f7f", "gpu_gap": "#9467bd",
+    "launch_latency": "#d62728", "dependency": "#b0b0b0", "sync_return": "#c62828", "host": "#ff7f0e",
+}
+#: Why a path starts where it does: the step's anchor (its marker, or the window's start),
+#: the previous step's GPU end, work the GPU waited for that the trace does not hold
+#: (> 1.5 ms after every in-trace predecessor), or a first activity with no predecessor.
+PATH_STARTS = ("anchor", "previous_step", "outside_trace", "not_in_trace")
+
+
 @dataclass(frozen=True)
 class Lever:
     """A fix direction a rule can recommend (``recommends:``). ``present_when`` is a condition

@@ -22,6 +22,8 @@ from diagnose.analyzers import (
     activities,
     attainment,
     categories,
+    critpath,
+    depgraph,
     kernels,
     launches,
     latency,
@@ -40,7 +42,8 @@ from diagnose.trace.model import Trace
 
 #: The analyzer modules, in the order :func:`analyze` runs them (categories and timeline are
 #: libraries the others call: phasestats and activities).
-ANALYZERS = (phases, launches, activities, waits, latency, attainment, tracetype, phasestats, kernels, timeline, categories)
+ANALYZERS = (phases, launches, activities, waits, latency, attainment, tracetype, phasestats, kernels, critpath, timeline,
+             categories)
 
 __all__ = ["ANALYZERS", "Analysis", "AnalysisOptions", "Finding", "SCHEMA_VERSION", "analyze", "report_steps",
            "step_records"]
@@ -87,6 +90,7 @@ def analyze(trace: Trace, options: AnalysisOptions | None = None, capture: Captu
     kt = kernels.kernel_section(trace, acts.frame, steps, prep.inputs.peak, capture, prep.moe, graph_note)
     for q in kt.notes:
         notes.replace(q)
+    paths = critpath.step_paths(depgraph.build_graph(trace, acts.frame), steps, w.t0_ns)
     shown = report_steps(steps)
     report = Report(
         schema_version=SCHEMA_VERSION,
@@ -95,14 +99,15 @@ def analyze(trace: Trace, options: AnalysisOptions | None = None, capture: Captu
         devices=acts.devices,
         phases=rows.rows,
         latency=lat,
-        steps=step_structs(shown),
+        steps=step_structs(shown, {i: critpath.path_record(p, w.t0_ns) for i, p in paths.steps.items()}),
         quality=[QualityIssue(code=q.code, message=q.message, **({} if q.count is None else {"count": q.count}))
                  for q in notes.issues],
         launches=acts.launches,
         gpu=prep.gpu,
         model=prep.model,
         kernel_table=kt.rows,
+        critical_path=critpath.path_section(paths, steps, w.t0_ns),
         **({} if kt.capture is None else {"capture": kt.capture}),
     )
     return Analysis(report=report, trace=trace, activities=acts.frame, steps=shown, kernel_frame=kt.table,
-                    host_index=w.host, t0_ns=w.t0_ns)
+                    host_index=w.host, t0_ns=w.t0_ns, paths=paths)

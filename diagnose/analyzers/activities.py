@@ -3,7 +3,7 @@
 :func:`activity_table` gives :class:`Activities`: ``trace.gpu`` plus ``category``/
 ``category_id`` (kernel categories, :mod:`diagnose.analyzers.categories`), ``name_id`` (names
 factorized once), the launch columns (``launch_start_ns``, ``launch_end_ns``, ``launch_kind``,
-``graph_followup``, ``launch_tid``), ``step`` (row of the step table, -1 none) and ``phase``;
+``graph_followup``, ``launch_tid``, ``launch_row``), ``step`` (row of the step table, -1 none) and ``phase``;
 the devices with GPU activity, the report's ``launches`` section and, when graph coverage is
 low, the names of the numbers that become unreliable.
 """
@@ -63,6 +63,7 @@ def activity_table(trace: Trace, split: StepSplit, links: pd.DataFrame) -> Activ
         launch_kind=pd.Series(launches["launch_kind"].to_numpy(dtype=object), index=gpu.index, dtype=object),
         graph_followup=launches["graph_followup"].to_numpy(),
         launch_tid=launches["launch_tid"].to_numpy(),
+        launch_row=launches["launch_row"].to_numpy(),
         clock_skewed=launches["clock_skewed"].to_numpy() if "clock_skewed" in launches else np.zeros(len(gpu), dtype=bool),
         step=step_idx,
     )

@@ -38,6 +38,7 @@ def link_launches(trace: Trace) -> pd.DataFrame:
             "launch_kind": np.full(n, "", dtype=object),
             "graph_followup": np.zeros(n, dtype=bool),
             "launch_tid": np.full(n, -1, dtype=np.int64),
+            "launch_row": np.full(n, -1, dtype=np.int64),
         }
     )
     rt = trace.runtime
@@ -61,6 +62,7 @@ def link_launches(trace: Trace) -> pd.DataFrame:
     out.loc[found, "launch_end_ns"] = rt["end_ns"].to_numpy()[hit]
     out.loc[found, "launch_kind"] = rt["api_kind"].to_numpy(dtype=object)[hit]
     out.loc[found, "launch_tid"] = rt["tid"].to_numpy()[hit]
+    out.loc[found, "launch_row"] = hit
     # Fan-out: several activities share one launch correlation (graph replay). The first one
     # (in time, per device) carries the launch; later ones are inside the replay.
     key = pd.DataFrame({"device": gpu["device"].to_numpy(), "corr": corr, "start": gpu["start_ns"].to_numpy()})

@@ -35,6 +35,8 @@ class Analysis:
         host_index: what the host did per thread (:class:`~diagnose.analyzers.waits.HostIndex`):
             the notebook and the web report name gap causes with it.
         t0_ns: the trace start every ``start_ms`` counts from.
+        paths: the critical paths (:class:`~diagnose.analyzers.critpath.Paths`, with the
+            dependency graph they were walked on): the what-if and the web timeline use them.
     """
 
     report: Report
@@ -44,6 +46,7 @@ class Analysis:
     kernel_frame: pd.DataFrame | None = None
     host_index: Any = None
     t0_ns: int = 0
+    paths: Any = None
 
     # the report's sections, for callers that read an analysis like a report
     @property
@@ -118,11 +121,14 @@ def step_records(steps: pd.DataFrame) -> list[dict[str, Any]]:
 _COUNTS = ("batch", "tokens", "context", "kv_tokens", "prefill_requests", "decode_requests")
 
 
-def step_structs(steps: pd.DataFrame) -> list[Step]:
+def step_structs(steps: pd.DataFrame, paths: dict | None = None) -> list[Step]:
     """The report's step records (:class:`~diagnose.model.Step`) from the reported step table
-    (:func:`report_steps`); counts a nullable column held as floats become ints."""
+    (:func:`report_steps`); counts a nullable column held as floats become ints. ``paths``:
+    step row -> its :class:`~diagnose.model.CriticalPath` (None for the others)."""
     out = []
-    for rec in step_records(steps):
+    for i, rec in enumerate(step_records(steps)):
+        if paths is not None:
+            rec["critical_path"] = paths.get(i)
         for k in _COUNTS:
             v = rec.get(k)
             if isinstance(v, float) and v.is_integer():

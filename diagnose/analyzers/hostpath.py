@@ -1,0 +1,326 @@
+"""Host time on a critical path: its cause, what the host was in, and the frame that names it.
+
+A host stretch of a path (:mod:`diagnose.analyzers.critpath`) is cut into pieces, one per
+change of:
+
+* **cause** (:func:`cause_timeline`): what the host time is, in the gap-cause vocabulary of
+  :mod:`diagnose.vocab` and the name patterns of ``diagnose/data/host_calls.yaml``, with the
+  precedence the gap attribution uses (:func:`diagnose.analyzers.waits.attribute`): a profiler
+  ``overhead`` event (``profiler_overhead``, or ``cold_start`` for lazy module loading), then
+  a runtime call matching a pattern (``cold_start`` for module loading and JIT,
+  ``host_blocked`` for a synchronize or blocking copy that did not wait), then a compile range
+  (``cold_start``); any other host time is ``launch`` (the host late to launch: today's
+  vocabulary). :func:`host_cause` is the one place a host event's name becomes a cause.
+* **activity**: the innermost host event: a launch or copy call (``launch``), another
+  runtime call (``runtime``), a blocking call that did not wait (``sync``), a CPU op
+  (``cpu_op``), a python frame outside any CPU op (``python``) or inside one
+  (``python_in_op``), a user range (``range``), a profiler overhead event (``overhead``), or
+  nothing at all (``untracked``).
+* **frame**: the innermost python frame that is not library code (:data:`LIBRARY_FRAME`), else
+  the innermost CPU op or user range: where in the program the time went.
+
+The same cause timeline gives the what-if's removable host time
+(:mod:`diagnose.analyzers.whatif`), so a path and a what-if never disagree on a cause.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from diagnose.trace.model import per_unique
+
+#: Python frames of libraries and the interpreter: never "where the time went" in the user's
+#: program (research on nano-vllm and HF traces: torch, triton, built-ins, typing...).
+LIBRARY_FRAME = re.compile(r"^(torch/|triton/|<built-in|<frozen|json/|/tmp/torchinductor|contextlib|threading|typing|"
+                           r"functools|importlib|nn\.Module:|.*(site|dist)-packages/)")
+#: Host activities (innermost event class) of a host piece, in display order.
+ACTIVITIES = ("launch", "runtime", "sync", "cpu_op", "python_in_op", "python", "range", "overhead", "untracked")
+#: Which host activities HTA 0.6.1 gives a weight (its cpu_op and non-blocking runtime-call
+#: spans, python nested in an op); the others are its zero-weight dependency edges or
+#: blocking-call spans (README "Critical path: HTA").
+HTA_WEIGHTED = frozenset({"launch", "runtime", "cpu_op", "python_in_op"})
+DEFAULT_CAUSE = "launch"
+
+_CLS_RANGE, _CLS_PY, _CLS_OP, _CLS_OVER, _CLS_RT = 0, 1, 2, 3, 4  # tie order: outer to inner
+
+
+@lru_cache(maxsize=1)
+def _patterns() -> tuple[tuple[str, str, re.Pattern], ...]:
+    from diagnose.tables import host_call_table
+
+    return tuple((r.cause, r.what, re.compile(r.pattern, re.I)) for r in host_call_table().rows)
+
+
+def host_cause(name: str, what: str) -> str | None:
+    """The cause a host event's name gives host time it covers (``what``: "runtime",
+    "overhead" or "range"), None when it gives none: the first matching row of
+    ``diagnose/data/host_calls.yaml``. The one mapping from host events to causes."""
+    for cause, w, rx in _patterns():
+        if w == what and rx.search(name):
+            return cause
+    return None
+
+
+@dataclass
+class CauseTimeline:
+    """A thread's host time as disjoint pieces [start, end) with a cause; time outside
+    every piece has :data:`DEFAULT_CAUSE`."""
+
+    start: np.ndarray
+    end: np.ndarray
+    cause: np.ndarray  # object
+
+    def at(self, t: np.ndarray) -> np.ndarray:
+        """Cause at each instant of ``t``."""
+        out = np.full(len(t), DEFAULT_CAUSE, dtype=object)
+        if len(self.start):
+            k = np.searchsorted(self.start, t, side="right") - 1
+            ok = (k >= 0) & (t < self.end[np.maximum(k, 0)])
+            out[ok] = self.cause[k[ok]]
+        return out
+
+
+def _merge(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of intervals as sorted disjoint ones."""
+    if len(s) == 0:
+        return s, e
+    o = np.argsort(s, kind="stable")
+    s, e = s[o], np.maximum.accumulate(e[o])
+    new = np.concatenate(([True], s[1:] > e[:-1]))
+    first = np.flatnonzero(new)
+    last = np.concatenate((first[1:], [len(s)])) - 1
+    return s[first], e[last]
+
+
+def _layers(graph, tid: int) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(cause, merged starts, merged ends) in precedence order (highest first)."""
+    tr = graph.trace
+    out: list[tuple[str, np.ndarray, np.ndarray]] = []
+
+    def add(frame, what: str) -> None:
+        if frame is None or not len(frame):
+            return
+        sub = frame[frame["tid"].to_numpy() == tid] if "tid" in frame else frame
+        if not len(sub):
+            return
+        cause = per_unique(sub["name"], lambda u: host_cause(str(u), what), dtype=object)
+        s, e = sub["start_ns"].to_numpy(dtype=np.int64), sub["end_ns"].to_numpy(dtype=np.int64)
+        for c in dict.fromkeys(x for x in cause if x is not None):
+            m = cause == c
+            out.append((c, *_merge(s[m], e[m])))
+
+    add(getattr(tr, "overhead", None), "overhead")
+    add(tr.runtime, "runtime")
+    ann = tr.annotations
+    for f in (tr.cpu_ops, ann[ann["scope"] == "cpu"] if len(ann) else None, getattr(tr, "python", None)):
+        add(f, "range")
+    return out
+
+
+def cause_timeline(graph, tid: int) -> CauseTimeline:
+    """The cause of every instant of thread ``tid``'s host time (module docstring), cached
+    on the graph."""
+    key = ("causes", tid)
+    hit = graph.cache.get(key)
+    if hit is not None:
+        return hit
+    layers = _layers(graph, tid)
+    if not layers:
+        tl = CauseTimeline(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, dtype=object))
+    else:
+        pts = np.unique(np.concatenate([np.concatenate((s, e)) for _, s, e in layers]))
+        a, b = pts[:-1], pts[1:]
+        mid = a + (b - a) // 2
+        cause = np.full(len(a), None, dtype=object)
+        for c, s, e in reversed(layers):  # highest precedence written last
+            k = np.searchsorted(s, mid, side="right") - 1
+            cause[(k >= 0) & (mid < e[np.maximum(k, 0)])] = c
+        keep = cause != None  # noqa: E711 (object array)
+        a, b, cause = a[keep], b[keep], cause[keep]
+        if len(a):  # merge neighbours of one cause
+            new = np.concatenate(([True], (a[1:] != b[:-1]) | (cause[1:] != cause[:-1])))
+            first = np.flatnonzero(new)
+            last = np.concatenate((first[1:], [len(a)])) - 1
+            a, b, cause = a[first], b[last], cause[first]
+        tl = CauseTimeline(a, b, cause)
+    graph.cache[key] = tl
+    return tl
+
+
+@dataclass
+class HostPiece:
+    """A piece of a host stretch (absolute ns)."""
+
+    t0: int
+    t1: int
+    cause: str
+    activity: str
+    name: str
+    frame: str
+
+
+def classify(graph, stretches: list[tuple[int, int, int]]) -> list[list[HostPiece]]:
+    """Cut each host stretch (tid, start ns, end ns) into :class:`HostPiece` s (time order)."""
+    out: list[list[HostPiece]] = [[] for _ in stretches]
+    by_tid: dict[int, list[int]] = {}
+    for j, (tid, a, b) in enumerate(stretches):
+        if b > a:
+            by_tid.setdefault(tid, []).append(j)
+    for tid, js in by_tid.items():
+        sa = np.array([stretches[j][1] for j in js], dtype=np.int64)
+        sb = np.array([stretches[j][2] for j in js], dtype=np.int64)
+        nest = _Nesting.of(graph, tid, sa, sb)
+        tl = cause_timeline(graph, tid)
+        for j, pieces in zip(js, nest.pieces(sa, sb, tl)):
+            out[j] = pieces
+    return out
+
+
+class _Nesting:
+    """The host events of one thread that overlap some stretches, nested (parent = the
+    innermost event open at an event's start), with inherited attributes."""
+
+    def __init__(self, s, e, cls, name, linked) -> None:
+        o = np.lexsort((cls, -e, s))
+        self.s, self.e, self.cls, self.name = s[o], e[o], cls[o], name[o]
+        self.linked = linked[o]
+        n = len(self.s)
+        parent = [-1] * n
+        in_op = [False] * n
+        user = [-1] * n  # innermost user python frame (self or ancestor)
+        op = [-1] * n  # innermost CPU op or range
+        sl, el, cl = self.s.tolist(), self.e.tolist(), self.cls.tolist()
+        is_user = [c == _CLS_PY and not LIBRARY_FRAME.match(str(nm)) for c, nm in zip(cl, self.name.tolist())]
+        stack: list[int] = []
+        for i in range(n):
+            while stack and el[stack[-1]] <= sl[i]:
+                stack.pop()
+            p = stack[-1] if stack else -1
+            parent[i] = p
+            in_op[i] = cl[i] == _CLS_OP or (p >= 0 and in_op[p])
+            user[i] = i if is_user[i] else (user[p] if p >= 0 else -1)
+            op[i] = i if cl[i] in (_CLS_OP, _CLS_RANGE) else (op[p] if p >= 0 else -1)
+            stack.append(i)
+        self.parent = np.array(parent, dtype=np.int64)
+        self.in_op = np.array(in_op, dtype=bool)
+        self.user = np.array(user, dtype=np.int64)
+        self.op = np.array(op, dtype=np.int64)
+
+    @classmethod
+    def of(cls, graph, tid: int, sa: np.ndarray, sb: np.ndarray) -> "_Nesting":
+        tr = graph.trace
+        parts = []
+        o = np.argsort(sa)
+        ms, me = sa[o], sb[o]
+
+        def take(frame, c: int, linked=None) -> None:
+            if frame is None or not len(frame):
+                return
+            m = frame["tid"].to_numpy() == tid
+            s = frame["start_ns"].to_numpy(dtype=np.int64)
+            e = frame["end_ns"].to_numpy(dtype=np.int64)
+            k = np.searchsorted(me, s, side="right")  # first stretch ending after the event starts
+            ov = m & (k < len(ms)) & (ms[np.minimum(k, len(ms) - 1)] < e)
+            idx = np.flatnonzero(ov)
+            lk = np.zeros(len(idx), dtype=bool) if linked is None else linked[idx]
+            parts.append((s[idx], np.maximum(e[idx], s[idx]), np.full(len(idx), c, dtype=np.int8),
+                          frame["name"].to_numpy(dtype=object)[idx], lk))
+
+        ann = tr.annotations
+        take(ann[ann["scope"] == "cpu"] if len(ann) else None, _CLS_RANGE)
+        take(getattr(tr, "python", None), _CLS_PY)
+        take(tr.cpu_ops, _CLS_OP)
+        take(getattr(tr, "overhead", None), _CLS_OVER)
+        take(tr.runtime, _CLS_RT, _launch_like(graph))
+        if not parts:
+            z = np.zeros(0, dtype=np.int64)
+            return cls(z, z, np.zeros(0, dtype=np.int8), np.zeros(0, dtype=object), np.zeros(0, dtype=bool))
+        return cls(*(np.concatenate([p[i] for p in parts]) for i in range(5)))
+
+    def pieces(self, sa: np.ndarray, sb: np.ndarray, tl: CauseTimeline) -> list[list[HostPiece]]:
+        """Per stretch, its pieces in time order (adjacent pieces alike merged)."""
+        allpts = np.unique(np.concatenate((self.s, self.e, tl.start, tl.end)))
+        x0s, x1s, owner = [], [], []
+        for j, (a, b) in enumerate(zip(sa.tolist(), sb.tolist())):
+            inner = allpts[np.searchsorted(allpts, a, side="right"):np.searchsorted(allpts, b, side="left")]
+            pts = np.concatenate(([a], inner, [b]))
+            x0s.append(pts[:-1])
+            x1s.append(pts[1:])
+            owner.append(np.full(len(pts) - 1, j, dtype=np.int64))
+        x0, x1, own = np.concatenate(x0s), np.concatenate(x1s), np.concatenate(owner)
+        mid = x0 + (x1 - x0) // 2
+        cause = tl.at(mid).tolist()
+        acts, names, frames = self._describe(self._innermost(mid))
+        out: list[list[HostPiece]] = [[] for _ in range(len(sa))]
+        for p0, p1, j, c, ac, nm, fr in zip(x0.tolist(), x1.tolist(), own.tolist(), cause, acts, names, frames):
+            pieces = out[j]
+            last = pieces[-1] if pieces else None
+            if last is not None and last.cause == c and last.activity == ac and last.name == nm and last.frame == fr:
+                last.t1 = p1
+            else:
+                pieces.append(HostPiece(p0, p1, c, ac, nm, fr))
+        return out
+
+    def _innermost(self, t: np.ndarray) -> np.ndarray:
+        """Index of the innermost event open at each instant (-1 none)."""
+        if len(self.s) == 0:
+            return np.full(len(t), -1, dtype=np.int64)
+        k = np.searchsorted(self.s, t, side="right") - 1
+        for _ in range(len(self.s)):
+            bad = (k >= 0) & (self.e[np.maximum(k, 0)] <= t)
+            if not bad.any():
+                break
+            k = np.where(bad, self.parent[np.maximum(k, 0)], k)
+        return k
+
+    def _describe(self, k: np.ndarray) -> tuple[list[str], list[str], list[str]]:
+        acts, names, frames = [], [], []
+        for i in k.tolist():
+            if i < 0:
+                acts.append("untracked")
+                names.append("")
+                frames.append("")
+                continue
+            c = int(self.cls[i])
+            nm = str(self.name[i])
+            if c == _CLS_RT:
+                ac = "launch" if self.linked[i] else ("sync" if _SYNC_LIKE.search(nm) else "runtime")
+            elif c == _CLS_OP:
+                ac = "cpu_op"
+            elif c == _CLS_PY:
+                ac = "python_in_op" if self.in_op[i] else "python"
+            elif c == _CLS_RANGE:
+                ac = "cpu_op" if self.in_op[i] else "range"
+            else:
+                ac = "overhead"
+            u = int(self.user[i])
+            o = int(self.op[i])
+            frame = str(self.name[u]) if u >= 0 else (str(self.name[o]) if o >= 0 else "")
+            acts.append(ac)
+            names.append(nm)
+            frames.append(frame)
+        return acts, names, frames
+
+
+#: Calls that block or poll the host (HTA 0.6.1's ``BLOCKING_SYNC_CALLS`` but the async copy, plus
+#: HIP's synchronous copies): a piece of host time inside one that did not wait is ``sync``.
+_SYNC_LIKE = re.compile(r"synchroni[sz]e|eventquery|streamquery|^(cuda|hip)memcpy$|withstream", re.I)
+
+
+def _launch_like(graph) -> np.ndarray:
+    """Per runtime call: it launched GPU work (linked by correlation) or is a launch/copy API."""
+    key = "launch_like"
+    hit = graph.cache.get(key)
+    if hit is None:
+        rt = graph.trace.runtime
+        hit = np.zeros(len(rt), dtype=bool)
+        hit[graph.launch[graph.launch >= 0]] = True
+        if len(rt):
+            kinds = rt["api_kind"].to_numpy(dtype=object)
+            hit |= (kinds == "launch") | (kinds == "graph_launch") | (kinds == "memcpy") | (kinds == "memset")
+            # a copy that blocked by API (hipMemcpyWithStream...) is still a copy call
+        graph.cache[key] = hit
+    return hit
