@@ -120,94 +120,125 @@ class Paths:
 
 
 class _Walker:
-    """Backward walk over the graph's arrays (as Python lists: one walk touches each path
-    element once)."""
+    """Backward walk over the graph. Runs of GPU activities bound by stream order or a
+    cross-stream wait are followed through one precomputed hop list (``nxt``) and turned into
+    segments with numpy; launch calls and host stretches are walked one by one."""
 
     def __init__(self, g: D.DepGraph) -> None:
         self.g = g
-        self.start, self.end = g.start.tolist(), g.end.tolist()
-        self.bind, self.bind_ns = g.bind.tolist(), g.bind_ns.tolist()
-        self.prev, self.wsrc, self.launch = g.prev.tolist(), g.wait_src.tolist(), g.launch.tolist()
-        self.lstart, self.kind = g.launch_start.tolist(), g.kind.tolist()
-        self.rt_tid, self.rt_end = g.rt_tid.tolist(), g.rt_end.tolist()
-        self.block = {t: (e, c.tolist(), r.tolist()) for t, (e, c, r) in g.blocking.items()}
-        self.limit = 4 * (len(self.start) + len(self.rt_end)) + 16
+        unexplained = (g.start - g.bind_ns) > D.UNEXPLAINED_NS
+        hop = np.where(g.bind == D.BIND_STREAM, g.prev, np.where(g.bind == D.BIND_WAIT, g.wait_src, -1))
+        self.nxt = np.where(unexplained, -1, hop)  # numpy: a walk reads only its own path's elements
+        self.start = g.start
+        self.block = g.blocking
+        self.limit = 2 * (g.n + len(g.rt_start)) + 16
+        self._keys: dict[bool, np.ndarray] = {}
 
-    def walk(self, last: int, floor: int, anchor: int, unlaunched_previous: bool = True
-             ) -> tuple[list[tuple[int, int, int, int]], list, int, str]:
-        """(segments (t0, t1, kind, ref) in reverse time order, host stretches (tid, a, b),
-        path start, start reason). ``ref``: the GPU activity for GPU kinds, gaps, latencies and
-        waits; the stretch for host; the call for sync returns. An activity launched before
-        ``anchor`` is the previous step's work, and so is one with no launch in the trace
-        when ``unlaunched_previous`` (a step's view: its own work was launched in it)."""
-        start, end, bind, bind_ns = self.start, self.end, self.bind, self.bind_ns
-        lstart = self.lstart
-        segs: list[tuple[int, int, int, int]] = []
+    def _key(self, unlaunched_previous: bool) -> np.ndarray:
+        """Per activity, the time it counts as launched: before a step's anchor, it is the
+        previous step's work (never, for unlaunched work outside a step's view)."""
+        k = self._keys.get(unlaunched_previous)
+        if k is None:
+            g = self.g
+            alt = np.iinfo(np.int64).min if unlaunched_previous else g.start
+            k = self._keys[unlaunched_previous] = np.where(g.launch_start != NO_TIME, g.launch_start, alt)
+        return k
+
+    def walk(self, last: int, floor: int, anchor: int, unlaunched_previous: bool = True) -> tuple[list, list, int, str]:
+        """(chunks of segments in reverse time order, host stretches (tid, a, b), path start,
+        start reason). A chunk is arrays (t0, t1, kind, ref): ``ref`` is the GPU activity for
+        GPU kinds, gaps, latencies and waits, the stretch for host, the call for sync returns.
+        An activity launched before ``anchor`` is the previous step's work, and so is one with
+        no launch in the trace when ``unlaunched_previous`` (a step's view)."""
+        g, nxt, start, key = self.g, self.nxt, self.start, self._key(unlaunched_previous)
+        chunks: list = []
         stretches: list[tuple[int, int, int]] = []
-        cur = end[last]
+        state = {"cur": int(g.end[last])}
         floor_reason = "anchor" if floor <= anchor else "previous_step"
 
         def seg(t0: int, t1: int, kind: int, ref: int) -> None:
-            nonlocal cur
-            t1 = min(t1, cur)
+            t1 = min(t1, state["cur"])
             t0 = min(max(t0, floor), t1)
             if t1 > t0:
-                segs.append((t0, t1, kind, ref))
-                cur = t0
-
-        def previous(op: int) -> bool:
-            ls = lstart[op]
-            return (ls < anchor) if ls != NO_TIME else (unlaunched_previous or start[op] < anchor)
+                chunks.append((np.array([t0]), np.array([t1]), np.array([kind], dtype=np.int8), np.array([ref])))
+                state["cur"] = t0
 
         i = last
         for _ in range(self.limit):
-            s_i = start[i]
-            seg(s_i, end[i], self.kind[i], i)
-            if s_i <= floor:
-                return segs, stretches, floor, floor_reason
-            b = bind[i]
+            run = [i]
+            stop = None
+            while True:
+                if start[i] <= floor:
+                    stop = (floor, floor_reason)
+                    break
+                j = nxt[i]
+                if j < 0:
+                    break
+                if key[j] < anchor:
+                    stop = (floor, "previous_step")
+                    break
+                i = j
+                run.append(i)
+            self._emit_run(run, chunks, state, floor, stop is not None)
+            if stop is not None:
+                return chunks, stretches, stop[0], stop[1]
+            s_i, b = int(g.start[i]), int(g.bind[i])
             if b == D.BIND_NONE:
-                return segs, stretches, s_i, "not_in_trace"
-            tb = bind_ns[i]
-            if s_i - tb > D.UNEXPLAINED_NS:
-                return segs, stretches, s_i, "outside_trace"
-            tb = min(tb, s_i)
-            if b == D.BIND_STREAM or b == D.BIND_WAIT:
-                p = self.prev[i] if b == D.BIND_STREAM else self.wsrc[i]
-                seg(tb, s_i, K_GAP if b == D.BIND_STREAM else K_DEP, i)
-                if tb <= floor or previous(p):
-                    seg(floor, s_i, K_GAP if b == D.BIND_STREAM else K_DEP, i)
-                    return segs, stretches, floor, "previous_step" if previous(p) else floor_reason
-                i = p
-                continue
+                return chunks, stretches, s_i, "not_in_trace"
+            if s_i - int(g.bind_ns[i]) > D.UNEXPLAINED_NS:
+                return chunks, stretches, s_i, "outside_trace"
+            tb = min(int(g.bind_ns[i]), s_i)  # the launch call's start
             seg(tb, s_i, K_LAT, i)
             if tb <= floor:
-                return segs, stretches, floor, floor_reason
-            call = self.launch[i]
-            tid = self.rt_tid[call]
-            nxt, at = self._host(tid, tb, floor, seg, stretches, previous)
-            if nxt is None:
-                return segs, stretches, at, floor_reason if at <= floor else "previous_step"
-            i = nxt
-        return segs, stretches, cur, "not_in_trace"  # pragma: no cover - the walk always ends
+                return chunks, stretches, floor, floor_reason
+            nxt_op, at = self._host(int(g.rt_tid[g.launch[i]]), tb, floor, seg, stretches, key, anchor)
+            if nxt_op is None:
+                return chunks, stretches, at, floor_reason if at <= floor else "previous_step"
+            i = nxt_op
+        return chunks, stretches, state["cur"], "not_in_trace"  # pragma: no cover - the walk always ends
 
-    def _host(self, tid: int, t: int, floor: int, seg, stretches, previous) -> tuple[int | None, int]:
+    def _emit_run(self, run: list[int], chunks: list, state: dict, floor: int, stopped: bool) -> None:
+        """Segments of a run of activities (latest first), each with the gap or wait before
+        it up to the previous one in the run (and, when the run stopped at the floor or at
+        the previous step, up to the floor), clipped as the walk goes back in time."""
+        g = self.g
+        idx = np.array(run, dtype=np.int64)
+        m = len(idx)
+        t1 = np.empty(2 * m, dtype=np.int64)
+        t0 = np.empty(2 * m, dtype=np.int64)
+        t1[0::2], t0[0::2] = g.end[idx], g.start[idx]  # the activities
+        t1[1::2] = g.start[idx]  # the gap or wait before each
+        t0[1::2] = np.concatenate((g.end[idx[1:]], [floor if stopped else g.start[idx[-1]]]))
+        kind = np.empty(2 * m, dtype=np.int8)
+        kind[0::2] = g.kind[idx]
+        kind[1::2] = np.where(g.bind[idx] == D.BIND_WAIT, K_DEP, K_GAP)
+        ref = np.repeat(idx, 2)
+        seq = np.empty(4 * m + 1, dtype=np.int64)
+        seq[0] = state["cur"]
+        seq[1::2], seq[2::2] = t1, np.maximum(t0, floor)
+        c = np.minimum.accumulate(seq)
+        c1, c0 = c[1::2], c[2::2]
+        keep = c1 > c0
+        if keep.any():
+            chunks.append((c0[keep], c1[keep], kind[keep], ref[keep]))
+        state["cur"] = int(c[-1])
+
+    def _host(self, tid: int, t: int, floor: int, seg, stretches, key, anchor) -> tuple[int | None, int]:
         """Host walk on thread ``tid`` back from ``t``: (the next GPU activity: a blocking
         call's release, or None where the path starts; that start)."""
+        g = self.g
         blk = self.block.get(tid)
-        k = -1
-        if blk is not None:
-            k = int(np.searchsorted(blk[0], t, side="right")) - 1
+        k = int(np.searchsorted(blk[0], t, side="right")) - 1 if blk is not None else -1
         if k < 0 or blk[0][k] <= floor:
             stretches.append((tid, floor, t))
             seg(floor, t, K_HOST, len(stretches) - 1)
             return None, floor
-        b_end, call, rel = int(blk[0][k]), blk[1][k], blk[2][k]
+        b_end, call, rel = int(blk[0][k]), int(blk[1][k]), int(blk[2][k])
         stretches.append((tid, b_end, t))
         seg(b_end, t, K_HOST, len(stretches) - 1)
-        r0 = max(self.end[rel], floor)
+        r0 = max(int(g.end[rel]), floor)
         seg(r0, b_end, K_RET, call)
-        if previous(rel) or self.end[rel] <= floor:
+        if key[rel] < anchor or g.end[rel] <= floor:
             return None, r0
         return rel, r0
 
@@ -265,7 +296,8 @@ def window_path(g: D.DepGraph, start_ns: int, end_ns: int) -> Path | None:
 
 
 def _assemble(g: D.DepGraph, raw: list) -> list[Path]:
-    """Paths from raw walks: host stretches classified in one batch."""
+    """Paths from raw walks: host stretches classified in one batch, segment names and
+    causes read with numpy."""
     flat: list[tuple[int, int, int]] = []
     base = []
     for r in raw:
@@ -273,36 +305,74 @@ def _assemble(g: D.DepGraph, raw: list) -> list[Path]:
         flat.extend(r[2])
     pieces = classify(g, flat)
     out = []
-    for (_, segs, _stretches, start, reason, anchor, end), b in zip(raw, base):
-        t0, t1, kind, cause, act, name, frame, op = [], [], [], [], [], [], [], []
-        for s0, s1, k, ref in reversed(segs):
-            if k == K_HOST:
-                for p in pieces[b + ref]:
-                    lo, hi = max(p.t0, s0), min(p.t1, s1)
-                    if hi > lo:
-                        t0.append(lo), t1.append(hi), kind.append(K_HOST), cause.append(p.cause)
-                        act.append(p.activity), name.append(p.name), frame.append(p.frame), op.append(-1)
-                continue
-            t0.append(s0), t1.append(s1), kind.append(k), op.append(ref if k != K_RET else -1)
-            act.append(None), frame.append(None)
-            if k == K_RET:
-                cause.append("host_blocked"), name.append(str(g.rt_name[ref]))
-            elif k == K_GAP:
-                p = int(g.prev[ref])
-                same = bool(g.graph[ref]) and p >= 0 and g.launch[p] == g.launch[ref]
-                cause.append("graph" if same else "switch"), name.append(str(g.name[ref]))
-            elif k == K_LAT:
-                cause.append("launch"), name.append(str(g.rt_name[g.launch[ref]]) if g.launch[ref] >= 0 else "")
-            elif k == K_DEP:
-                src = int(g.wait_src[ref])
-                cause.append("dependency"), name.append(str(g.name[src]) if src >= 0 else "")
-            else:
-                cause.append(None), name.append(str(g.name[ref]))
-        out.append(Path(np.array(t0, dtype=np.int64), np.array(t1, dtype=np.int64), np.array(kind, dtype=np.int8),
-                        np.array(cause, dtype=object), np.array(act, dtype=object), np.array(name, dtype=object),
-                        np.array(frame, dtype=object), np.array(op, dtype=np.int64), int(start), int(end), reason,
-                        int(anchor)))
+    for (_, chunks, _stretches, start, reason, anchor, end), b in zip(raw, base):
+        if chunks:
+            t0 = np.concatenate([c[0] for c in reversed(chunks)])
+            t1 = np.concatenate([c[1] for c in reversed(chunks)])
+            kind = np.concatenate([c[2] for c in reversed(chunks)])
+            ref = np.concatenate([c[3] for c in reversed(chunks)])
+            o = np.argsort(t0, kind="stable")  # each chunk is in reverse time order
+            t0, t1, kind, ref = t0[o], t1[o], kind[o], ref[o]
+        else:
+            t0 = t1 = ref = np.zeros(0, dtype=np.int64)
+            kind = np.zeros(0, dtype=np.int8)
+        out.append(_described(g, t0, t1, kind, ref, pieces, b, int(start), int(end), reason, int(anchor)))
     return out
+
+
+def _described(g: D.DepGraph, t0, t1, kind, ref, pieces, base: int, start: int, end: int, reason: str, anchor: int) -> Path:
+    """A :class:`Path` from raw segments: names and causes; host segments cut into pieces."""
+    n = len(t0)
+    cause = np.full(n, None, dtype=object)
+    name = np.full(n, "", dtype=object)
+    op = np.where(np.isin(kind, [K_RET, K_HOST]), -1, ref)
+    gpu = kind < K_GAP
+    name[gpu] = g.name[ref[gpu]]
+    m = kind == K_GAP
+    if m.any():
+        r = ref[m]
+        p = np.maximum(g.prev[r], 0)
+        same = g.graph[r] & (g.prev[r] >= 0) & (g.launch[p] == g.launch[r])
+        cause[m] = np.where(same, "graph", "switch")
+        name[m] = g.name[r]
+    m = kind == K_LAT
+    if m.any():
+        cause[m] = "launch"
+        name[m] = np.where(g.launch[ref[m]] >= 0, g.rt_name[np.maximum(g.launch[ref[m]], 0)], "")
+    m = kind == K_DEP
+    if m.any():
+        src = g.wait_src[ref[m]]
+        cause[m] = "dependency"
+        name[m] = np.where(src >= 0, g.name[np.maximum(src, 0)], "")
+    m = kind == K_RET
+    if m.any():
+        cause[m] = "host_blocked"
+        name[m] = g.rt_name[ref[m]]
+    act = np.full(n, None, dtype=object)
+    frame = np.full(n, None, dtype=object)
+    host = np.flatnonzero(kind == K_HOST)
+    if len(host) == 0:
+        return Path(t0, t1, kind, cause, act, name, frame, op, start, end, reason, anchor)
+    # host segments: replaced by their pieces
+    keep = np.ones(n, dtype=bool)
+    keep[host] = False
+    parts = [(t0[keep], t1[keep], kind[keep], cause[keep], act[keep], name[keep], frame[keep], op[keep])]
+    rows = []
+    for j in host.tolist():
+        s0, s1 = int(t0[j]), int(t1[j])
+        for pc in pieces[base + int(ref[j])]:
+            lo, hi = max(pc.t0, s0), min(pc.t1, s1)
+            if hi > lo:
+                rows.append((lo, hi, pc.cause, pc.activity, pc.name, pc.frame))
+    if rows:
+        h0, h1, hc, ha, hn, hf = (list(x) for x in zip(*rows))
+        k = len(rows)
+        parts.append((np.array(h0, dtype=np.int64), np.array(h1, dtype=np.int64), np.full(k, K_HOST, dtype=np.int8),
+                      np.array(hc, dtype=object), np.array(ha, dtype=object), np.array(hn, dtype=object),
+                      np.array(hf, dtype=object), np.full(k, -1, dtype=np.int64)))
+    cols = [np.concatenate([p[i] for p in parts]) for i in range(8)]
+    o = np.argsort(cols[0], kind="stable")
+    return Path(*(c[o] for c in cols), start, end, reason, anchor)
 
 
 # ---------------------------------------------------------------- report records

@@ -151,19 +151,27 @@ def build_graph(trace: Trace, activities: pd.DataFrame) -> DepGraph:
     n = len(a)
     start0 = a["start_ns"].to_numpy(dtype=np.int64)
     end0 = np.maximum(a["end_ns"].to_numpy(dtype=np.int64), start0)
-    order = np.lexsort((end0, start0)) if n else np.zeros(0, dtype=np.int64)
-    start, end = start0[order], end0[order]
-    stream = _stream_keys(a)[order] if n else np.zeros(0, dtype=np.int64)
-    kinds = a["kind"].to_numpy(dtype=object)[order] if n else np.zeros(0, dtype=object)
-    cat = a["category_id"].to_numpy()[order] if "category_id" in a else np.zeros(n, dtype=np.int64)
+    ident = n < 2 or bool(np.all((start0[1:] > start0[:-1]) | ((start0[1:] == start0[:-1]) & (end0[1:] >= end0[:-1]))))
+    order = np.arange(n) if ident else np.lexsort((end0, start0))  # one device: the loader's order already
+
+    def col(name: str, dtype=None, default=None) -> np.ndarray:
+        if name not in a:
+            return np.full(n, default)
+        v = a[name].to_numpy(dtype=dtype)
+        return v if ident else v[order]
+
+    start, end = (start0, end0) if ident else (start0[order], end0[order])
+    stream = _stream_keys(a)
+    stream = stream if ident else stream[order]
     from diagnose.analyzers.categories import CATEGORY_NAMES
 
-    comm_id = int(np.flatnonzero(np.asarray(CATEGORY_NAMES) == "communication")[0])
-    kind = np.where((kinds == "memcpy") | (kinds == "memset"), OP_COPY, np.where(cat == comm_id, OP_COMM, OP_COMPUTE))
-    launch = a["launch_row"].to_numpy(dtype=np.int64)[order] if "launch_row" in a else np.full(n, -1, dtype=np.int64)
-    launch_start = a["launch_start_ns"].to_numpy(dtype=np.int64)[order] if n else np.zeros(0, dtype=np.int64)
-    launch_start = np.where(launch >= 0, launch_start, NO_TIME)
-    graph = (a["launch_kind"].to_numpy(dtype=object)[order] == "graph_launch") if n else np.zeros(0, dtype=bool)
+    cat = col("category_id", np.int64, 0)
+    names = list(CATEGORY_NAMES)
+    copy_ids = [names.index(c) for c in ("memcpy", "memset") if c in names]
+    kind = np.where(np.isin(cat, copy_ids), OP_COPY, np.where(cat == names.index("communication"), OP_COMM, OP_COMPUTE))
+    launch = col("launch_row", np.int64, -1)
+    launch_start = np.where(launch >= 0, col("launch_start_ns", np.int64, NO_TIME), NO_TIME)
+    graph = col("launch_kind", object, "") == "graph_launch"
     prev = _stream_prev(stream, end)
     rt = trace.runtime
     rt_start = rt["start_ns"].to_numpy(dtype=np.int64)
@@ -171,15 +179,13 @@ def build_graph(trace: Trace, activities: pd.DataFrame) -> DepGraph:
     rt_tid = rt["tid"].to_numpy(dtype=np.int64)
     rt_name = rt["name"].to_numpy(dtype=object) if len(rt) else np.zeros(0, dtype=object)
     g = DepGraph(
-        start=start, end=end, row=order, stream=stream, kind=kind.astype(np.int8), category_id=np.asarray(cat),
-        name=a["name"].to_numpy(dtype=object)[order] if n else np.zeros(0, dtype=object),
-        step=a["step"].to_numpy(dtype=np.int64)[order] if "step" in a else np.full(n, -1, dtype=np.int64),
+        start=start, end=end, row=order, stream=stream, kind=kind.astype(np.int8), category_id=cat,
+        name=col("name", object, ""), step=col("step", np.int64, -1),
         launch=launch, launch_start=launch_start, graph=graph, prev=prev, wait_src=np.full(n, -1, dtype=np.int64),
         bind=np.full(n, BIND_NONE, dtype=np.int8), bind_ns=np.full(n, _NEG, dtype=np.int64),
         rt_start=rt_start, rt_end=rt_end, rt_tid=rt_tid, rt_name=rt_name, blocking={}, unresolved_waits={},
         prev_key=np.zeros(0, dtype=np.int64), prev_cummax=np.zeros(0, dtype=np.int64), trace=trace)
-    dev = a["device"].to_numpy(dtype=np.int64)[order] if n else np.zeros(0, dtype=np.int64)
-    st = a["stream"].to_numpy(dtype=np.int64)[order] if n else np.zeros(0, dtype=np.int64)
+    dev, st = col("device", np.int64, 0), col("stream", np.int64, 0)
     if n:
         _cross_stream_waits(g, trace, dev, st)
         _binding(g)
@@ -192,9 +198,13 @@ def build_graph(trace: Trace, activities: pd.DataFrame) -> DepGraph:
 
 
 def _stream_keys(a: pd.DataFrame) -> np.ndarray:
-    cols = [a[c].to_numpy(dtype=np.int64) for c in ("pid", "device", "stream") if c in a]
-    _, inv = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
-    return inv.ravel().astype(np.int64)
+    """One int64 code per (pid, device, stream)."""
+    code = np.zeros(len(a), dtype=np.int64)
+    for c in ("pid", "device", "stream"):
+        if c in a:
+            codes, uniq = pd.factorize(a[c].to_numpy(dtype=np.int64))
+            code = code * max(len(uniq), 1) + codes
+    return pd.factorize(code)[0].astype(np.int64)
 
 
 def _stream_prev(stream: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -221,10 +231,10 @@ def _binding(g: DepGraph) -> None:
     c_stream = np.where(g.prev >= 0, g.end[np.maximum(g.prev, 0)], _NEG)
     c_wait = np.where(g.wait_src >= 0, g.end[np.maximum(g.wait_src, 0)], _NEG)
     c_launch = np.where(g.launch_start != NO_TIME, g.launch_start, _NEG)
-    c = np.stack([c_stream, c_wait, c_launch], axis=1)
-    best = c.argmax(axis=1)
-    g.bind_ns = c[np.arange(len(best)), best]
-    g.bind = np.where(g.bind_ns == _NEG, BIND_NONE, best).astype(np.int8)
+    best = np.maximum(np.maximum(c_stream, c_wait), c_launch)
+    bind = np.where(c_stream == best, BIND_STREAM, np.where(c_wait == best, BIND_WAIT, BIND_LAUNCH))
+    g.bind_ns = best
+    g.bind = np.where(best == _NEG, BIND_NONE, bind).astype(np.int8)
 
 
 def _first_by_corr(corr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -313,7 +323,16 @@ def _blocking_calls(g: DepGraph, trace: Trace, dev: np.ndarray, st: np.ndarray) 
         want_stream = _synced_streams(g, trace, sync_rows, dev, st)
         eo = np.argsort(g.end, kind="stable")
         ends = g.end[eo]
-        for r, ws in zip(sync_rows.tolist(), want_stream.tolist()):
+        # the activity that ended last before each call returned: usually the release
+        cs_all, ce_all = g.rt_start[sync_rows], g.rt_end[sync_rows]
+        k0 = np.searchsorted(ends, ce_all + RETURN_SLACK_NS, side="right") - 1
+        i0 = eo[np.maximum(k0, 0)]
+        ls0 = g.launch_start[i0]
+        ok = (k0 >= 0) & (ends[np.maximum(k0, 0)] >= cs_all) & ((ls0 == NO_TIME) | (ls0 < cs_all)) \
+            & ((want_stream < 0) | (g.stream[i0] == want_stream))
+        release[sync_rows[ok]] = i0[ok]
+        slow = ~ok & (k0 >= 0) & (ends[np.maximum(k0, 0)] >= cs_all)
+        for r, ws in zip(sync_rows[slow].tolist(), want_stream[slow].tolist()):
             cs, ce = int(g.rt_start[r]), int(g.rt_end[r])
             k = int(np.searchsorted(ends, ce + RETURN_SLACK_NS, side="right")) - 1
             for _ in range(RELEASE_LOOKBACK):

@@ -115,8 +115,8 @@ def _layers(graph, tid: int) -> list[tuple[str, np.ndarray, np.ndarray]]:
     add(getattr(tr, "overhead", None), "overhead")
     add(tr.runtime, "runtime")
     ann = tr.annotations
-    for f in (tr.cpu_ops, ann[ann["scope"] == "cpu"] if len(ann) else None, getattr(tr, "python", None)):
-        add(f, "range")
+    for f in (tr.cpu_ops, ann[ann["scope"] == "cpu"] if len(ann) else None):  # not python frames: their
+        add(f, "range")  # file names say "inductor" while compiled code runs
     return out
 
 
