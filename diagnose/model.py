@@ -446,6 +446,7 @@ class Headline(Record, kw_only=True):
     cause: str | None
     stake_ms: float | None = field(name="ms")
     stake_share: Share | None = field(name="share")
+    predicted_saving_ms: NonNegative | UnsetType = UNSET  # README "What-if"
     caveat: str | UnsetType = UNSET
 
 
@@ -484,6 +485,8 @@ class Symptom(Record, kw_only=True):
     headline: str | UnsetType = UNSET
     stake_ms: float | UnsetType = UNSET
     stake_share: Share | UnsetType = UNSET
+    predicted_saving_ms: NonNegative | UnsetType = UNSET  # re-timed critical path (README "What-if")
+    rank_basis: Literal["predicted_saving", "stake"] | UnsetType = UNSET  # what the symptom is ranked by
     recommends: list[str]
     already_in_place: list[str] | UnsetType = UNSET
     grouped_under: str | UnsetType = UNSET

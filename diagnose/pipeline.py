@@ -112,8 +112,18 @@ def attach_verdicts(analysis_or_report, ruleset=None, device: int | None = None)
     is_analysis = isinstance(analysis_or_report, Analysis)
     report = as_report(analysis_or_report.report if is_analysis else analysis_or_report)
     findings = flatten(report, device)
+    lab = labels(report, device)
+    savings = None
+    if is_analysis and analysis_or_report.paths is not None:
+        from diagnose.analyzers.whatif import rule_saving_ms
+
+        a = analysis_or_report
+
+        def savings(rule):  # the one ranking rule: predicted saving where the path exists
+            return rule_saving_ms(a.paths, a.steps, rule.phase, rule.whatif, lab.get("trace.main_phase"))
+
     verdicts = evaluate(rs.rules, findings, scope="trace", overrides=rs.overrides,
-                        unreliable=unreliable_findings(report, device), labels=labels(report, device))
+                        unreliable=unreliable_findings(report, device), labels=lab, savings=savings)
     h = headline(verdicts, report)
     out = msgspec.structs.replace(
         report, findings=findings, headline=None if h is None else msgspec.convert(h, Headline, from_attributes=False),

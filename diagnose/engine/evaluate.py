@@ -3,7 +3,7 @@ evaluated for lack of inputs (never silently passing)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from diagnose.engine.condition import eval_condition, eval_expression, mangle
 from diagnose.engine.rule import Number, Rule, apply_overrides, render_template
@@ -38,8 +38,11 @@ class Verdicts:
         for s in self.symptoms:
             if s.get("grouped_under"):
                 continue
-            return {"text": s.get("headline") or s["summary"], "rule_id": s["id"], "cause": s.get("cause") or None,
-                    "ms": s.get("stake_ms"), "share": s.get("stake_share")}
+            h = {"text": s.get("headline") or s["summary"], "rule_id": s["id"], "cause": s.get("cause") or None,
+                 "ms": s.get("stake_ms"), "share": s.get("stake_share")}
+            if s.get("predicted_saving_ms") is not None:
+                h["predicted_saving_ms"] = s["predicted_saving_ms"]
+            return h
         return None
 
     def worst(self) -> str | None:
@@ -116,7 +119,7 @@ def _present_tree(text: str):
 
 def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | Iterable[str] | None = "trace",
              overrides: Mapping[str, Number] | None = None, unreliable: Iterable[str] | None = None,
-             labels: Mapping[str, str] | None = None) -> Verdicts:
+             labels: Mapping[str, str] | None = None, savings: Callable[[Rule], float | None] | None = None) -> Verdicts:
     """Evaluate ``rules`` of ``scope`` over ``findings``.
 
     Args:
@@ -127,15 +130,21 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
         unreliable: finding names that are None because the report marks them unreliable
             (:func:`unreliable_findings`); only changes the not-evaluated reason.
         labels: text values for templates (``trace.main_phase``, ``all.top_idle_cause``...).
+        savings: for a fired rule with a ``whatif``, its predicted step-time saving in ms
+            (:func:`diagnose.pipeline.attach_verdicts` re-times the trace's dependency graph),
+            or None where there is no critical path.
 
     Returns:
         :class:`Verdicts`; a rule with a missing required finding, too few samples, a
         condition that cannot be computed (division by zero), or whose ``not_on`` names a
         quality code the trace has (``quality.<code>`` > 0), is in ``not_evaluated``. Fired
         symptoms with ``stake_ms`` get their severity from the share at stake of the steps'
-        own time (the GPU window without steps; :func:`severity_for_share`); symptoms are ranked by severity, then rules that
-        name a root cause (``kind: cause``) before those that describe a symptom, then time at
-        stake; those sharing a ``cause`` are grouped under the first (``grouped_under``).
+        own time (the GPU window without steps; :func:`severity_for_share`). One ranking rule
+        (:func:`rank_ms`): a symptom's predicted saving where the critical path gives one
+        (``predicted_saving_ms``; its severity then follows the saving's share), else its
+        stake. Symptoms are ranked by severity, then rules that name a root cause (``kind:
+        cause``) before those that describe a symptom, then that time; those sharing a
+        ``cause`` are grouped under the first (``grouped_under``).
 
     Raises:
         RuleError: an override names an unknown rule or threshold.
@@ -189,22 +198,23 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
         except (ZeroDivisionError, OverflowError) as e:
             v.not_evaluated.append({**head, "missing": [], "reason": f"condition could not be computed: {type(e).__name__}"})
             continue
-        entry = _entry(r, head, vals, findings, labels, fired)
+        entry = _entry(r, head, vals, findings, labels, fired, savings)
         if fired:
             v.symptoms.append(entry)
         else:
             v.passed.append(entry)
     kinds = {r.id: r.kind for r in rules}
-    v.symptoms.sort(key=lambda s: (-SEVERITY_RANK[s["severity"]], kinds.get(s["id"]) != "cause", -(s.get("stake_ms") or 0.0), s["id"]))
+    v.symptoms.sort(key=lambda s: (-SEVERITY_RANK[s["severity"]], kinds.get(s["id"]) != "cause", -rank_ms(s), s["id"]))
     _group(v.symptoms)
     return v
 
 
 def _entry(r: Rule, head: dict[str, Any], vals: dict[str, Any], findings: Mapping[str, Any], labels: Mapping[str, str],
-           fired: bool) -> dict[str, Any]:
+           fired: bool, savings: Callable[[Rule], float | None] | None = None) -> dict[str, Any]:
     """The verdict entry of an evaluated rule: its evidence (findings, thresholds, labels) and
-    summary; for a fired rule also its prose, cause, headline, time at stake (and the severity
-    that follows from its share), and the levers it recommends less those already in place."""
+    summary; for a fired rule also its prose, cause, headline, time at stake, its predicted
+    saving where ``savings`` gives one (and the severity that follows from the share of the
+    saving, else of the stake), and the levers it recommends less those already in place."""
     ev_findings = dict(vals)
     for n in r.evidence:
         ev_findings[n] = _clean(findings.get(n))
@@ -240,9 +250,16 @@ def _entry(r: Rule, head: dict[str, Any], vals: dict[str, Any], findings: Mappin
             window = _stake_base_ms(findings)
             if stake is not None:
                 entry["stake_ms"] = round(stake, 6)
+                entry["rank_basis"] = "stake"
                 if window:
                     entry["stake_share"] = round(min(stake / window, 1.0), 6)
                     entry["severity"] = severity_for_share(stake / window)
+            saving = savings(r) if savings is not None and r.whatif else None
+            if saving is not None:
+                entry["predicted_saving_ms"] = round(saving, 6)
+                entry["rank_basis"] = "predicted_saving"
+                if window:
+                    entry["severity"] = severity_for_share(min(saving / window, 1.0))
         keep, notes = _levers(r, findings)
         entry["recommends"] = keep
         if notes:
@@ -251,6 +268,15 @@ def _entry(r: Rule, head: dict[str, Any], vals: dict[str, Any], findings: Mappin
             entry["fix"] = ("; ".join(LEVERS[k].text for k in keep) + ". " if keep else "") + " ".join(
                 n[0].upper() + n[1:] + "." for n in notes)
     return entry
+
+
+def rank_ms(symptom: Mapping[str, Any]) -> float:
+    """The time a symptom is ranked by (the report's one ranking rule): its predicted
+    step-time saving where the critical path gives one, else its stake (0 without either)."""
+    v = symptom.get("predicted_saving_ms")
+    if v is None:
+        v = symptom.get("stake_ms")
+    return float(v or 0.0)
 
 
 def _group(symptoms: list[dict[str, Any]]) -> None:

@@ -76,6 +76,7 @@ class Rule:
     headline: str = ""
     labels: tuple[str, ...] = ()
     kind: str = "symptom"
+    whatif: Mapping[str, Any] | None = None  # README "What-if": what the lever removes (remove, speedup, phase)
 
     def threshold_values(self) -> dict[str, Number]:
         return {k: t.value for k, t in self.thresholds.items()}
@@ -209,6 +210,9 @@ def rule_from_dict(data: Any, where: str, expected_id: str | None = None, valida
         snames = {mangle(f): "finding" for f in (*requires, *evidence)}
         snames.update({k: "threshold" for k in thresholds})
         stake_tree = compile_expression(stake, snames, f"{where}: stake_ms")
+    whatif = data.get("whatif")
+    if whatif is not None:
+        _check_whatif(whatif, where)
     from diagnose.vocab import LEVERS, QUALITY_CODES
 
     for lever in data.get("recommends") or ():
@@ -245,7 +249,22 @@ def rule_from_dict(data: Any, where: str, expected_id: str | None = None, valida
         headline=headline,
         labels=labels,
         kind=data.get("kind") or "symptom",
+        whatif=whatif,
     )
+
+
+def _check_whatif(spec: Mapping[str, Any], where: str) -> None:
+    """A rule's ``whatif`` must parse as a what-if scenario (the ``--remove`` / ``--speedup``
+    grammar of :mod:`diagnose.analyzers.whatif`)."""
+    from diagnose.analyzers.whatif import parse_remove, parse_speedup
+
+    try:
+        for r in spec.get("remove") or ():
+            parse_remove(str(r))
+        for cat, f in (spec.get("speedup") or {}).items():
+            parse_speedup(f"{cat}={f}")
+    except DiagnoseError as e:
+        raise RuleError(f"{where}: whatif: {e}") from None
 
 
 def parse_yaml(text: str, where: str, user: bool = True) -> Any:
