@@ -104,6 +104,7 @@ class _Main(OneLineGroup):
         "sweep": ("diagnose.rules_cli", "sweep_command", True),
         "rules": ("diagnose.rules_cli", "rules_group", True),
         "serve": ("diagnose.app.serve_cli", "serve_command", True),
+        "whatif": ("diagnose.whatif_cli", "whatif_command", True),
     }
     #: The first paragraph of each lazy command's help, shown by ``diagnose --help`` (kept equal
     #: to the commands' own help by tests/test_startup.py).

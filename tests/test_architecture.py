@@ -19,7 +19,7 @@ from diagnose.cli_options import ANALYSIS_FLAGS, RULE_FLAGS
 PACKAGES = {"diagnose": "diagnose", "app": "diagnose.app", "collectors": "diagnose.collectors", "rules": "diagnose.rules"}
 #: Command-line modules: thin layers that parse options and format results.
 CLI_MODULES = {"diagnose.cli", "diagnose.cli_options", "diagnose.cliutil", "diagnose.rules_cli", "diagnose.bounds_cli",
-               "diagnose.app.serve_cli", "diagnose.collectors.collect_cli"}
+               "diagnose.app.serve_cli", "diagnose.collectors.collect_cli", "diagnose.whatif_cli"}
 
 
 def _modules() -> dict[str, Path]:
@@ -93,7 +93,7 @@ def test_no_import_cycle():
     assert cycles == []
 
 
-COMMANDS_WITH_SHARED_OPTIONS = ("run", "serve", "gate", "compare", "sweep")
+COMMANDS_WITH_SHARED_OPTIONS = ("run", "serve", "gate", "compare", "sweep", "whatif")
 
 
 @pytest.mark.parametrize("command", COMMANDS_WITH_SHARED_OPTIONS)

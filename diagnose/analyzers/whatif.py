@@ -463,3 +463,25 @@ def rule_saving_ms(paths, steps, phase: str, spec, main_phase: str | None = None
     else:
         keys = [None]
     return round(sum(c.saving_ns for c in step_changes(paths, sc, keys)) / 1e6, 6)
+
+
+def scenario_table(paths, steps, sc: Scenario) -> dict:
+    """Every step's path length now and under ``sc`` (ms), and per phase the p50s and the
+    summed saving: what ``diagnose whatif`` prints. Without steps, one row for the window."""
+    names = steps["name"].to_numpy(dtype=object) if len(steps) else np.zeros(0, dtype=object)
+    phases = steps["phase"].to_numpy(dtype=object) if len(steps) else np.zeros(0, dtype=object)
+    rows = []
+    for c in step_changes(paths, sc):
+        rows.append({"step": c.key, "name": "(whole window: no steps)" if c.key is None else str(names[c.key]),
+                     "phase": "all" if c.key is None else str(phases[c.key]), "path_ms": c.length_ns / 1e6,
+                     "new_ms": c.new_length_ns / 1e6, "saving_ms": c.saving_ns / 1e6, "removed_ms": c.removed_ns / 1e6})
+    out_phases = []
+    for ph in dict.fromkeys(r["phase"] for r in rows):
+        rs = [r for r in rows if r["phase"] == ph]
+        out_phases.append({"phase": ph, "steps": len(rs),
+                           "path_p50_ms": float(np.median([r["path_ms"] for r in rs])),
+                           "new_p50_ms": float(np.median([r["new_ms"] for r in rs])),
+                           "saving_p50_ms": float(np.median([r["saving_ms"] for r in rs])),
+                           "saving_ms": float(sum(r["saving_ms"] for r in rs))})
+    rnd = (lambda d: {k: round(v, 6) if isinstance(v, float) else v for k, v in d.items()})
+    return {"scenario": sc.label, "phases": [rnd(p) for p in out_phases], "steps": [rnd(r) for r in rows]}

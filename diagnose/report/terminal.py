@@ -99,6 +99,8 @@ def render_report(d: dict[str, Any], console: Console | None = None, metadata: d
         tail = f" ({ne} rule(s) not evaluated for lack of inputs: see below)" if ne else ""
         c.print(Text("No symptom rule fired." + tail, style="green"))
 
+    _render_path(c, d)
+
     t = Table(title="Phases (per device)", header_style="bold")
     for col in ("phase", "device", "steps", "own ms", "wall ms", "GPU busy ms", "idle share", "launch-gap share",
                 "attention share", "kernels"):
@@ -172,6 +174,14 @@ def render_report(d: dict[str, Any], console: Console | None = None, metadata: d
         c.print("[bold]Data quality:[/bold]")
         for q in d["quality"]:
             c.print(Text.assemble(("  ", ""), (safe(q["code"]), "yellow"), (": " + safe(q["message"]), "")))
+
+
+def _render_path(c: Console, d: dict[str, Any]) -> None:
+    """What sets the step time: one line per phase (README "Critical path")."""
+    from diagnose.report.pathline import path_lines
+
+    for line in path_lines(d):
+        c.print(Text(safe("critical path: " + line), style="bold"))
 
 
 def _render_waits(c: Console, d: dict[str, Any]) -> None:
