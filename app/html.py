@@ -57,7 +57,7 @@ def _fig(fig: go.Figure, div_id: str) -> str:
 
 
 def render_html(report: Mapping, activities=None, *, title: str | None = None, max_points: int = 20000, host=None,
-                host_index=None) -> str:
+                host_index=None, path=None) -> str:
     """The whole report as one HTML document (string), from the Jinja2 template
     ``app/templates/report.html.j2`` (autoescaped: names from the trace are text, never markup)."""
     src = report.get("source") or {}
@@ -111,7 +111,8 @@ def render_html(report: Mapping, activities=None, *, title: str | None = None, m
         not_evaluated=F.not_evaluated_data(report),
         not_evaluated_none="none reported" if report.get("not_evaluated") is not None else "not available",
         phase_tables=phase_tables,
-        timeline=_fig(timeline_figure(prepare_timeline(activities, dict(report), host, host_index), max_points=max_points), "timeline-graph")
+        timeline=_fig(timeline_figure(prepare_timeline(activities, dict(report), host, host_index, path), max_points=max_points),
+                      "timeline-graph")
         if activities is not None else None,
         categories=_fig(F.categories_figure(report), "categories-graph"),
         attention=[{**a, "ms_text": F.fmt_value(a["attention_ms"], "ms")} for a in F.attention_rows(report)],
@@ -138,7 +139,7 @@ def write_html(analysis_or_report: Any, path: str | os.PathLike, *, title: str |
     Returns:
         The path written.
     """
-    host = hx = None
+    host = hx = lane = None
     if isinstance(analysis_or_report, Mapping):
         report, acts = dict(analysis_or_report), None
     else:
@@ -150,7 +151,10 @@ def write_html(analysis_or_report: Any, path: str | os.PathLike, *, title: str |
     if acts is not None:
         host = host_lane(getattr(analysis_or_report, "trace", None), report)
         hx = getattr(analysis_or_report, "host_index", None)
-    text = render_html(report, acts, title=title, max_points=max_points, host=host, host_index=hx)
+        from diagnose.app.pathlane import path_lane
+
+        lane = path_lane(getattr(analysis_or_report, "paths", None))
+    text = render_html(report, acts, title=title, max_points=max_points, host=host, host_index=hx, path=lane)
     p = Path(path)
     p.write_text(text, encoding="utf-8")
     return p

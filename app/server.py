@@ -104,13 +104,14 @@ class TraceEntry:
     activities: pd.DataFrame | None = None
     host: pd.DataFrame | None = None
     host_index: Any = None
+    path: Any = None  # the critical-path lane (diagnose.app.pathlane.path_lane)
     _timeline: TimelineData | None = field(default=None, repr=False)
     _kernels: list | None = field(default=None, repr=False)
 
     @property
     def timeline(self) -> TimelineData:
         if self._timeline is None:
-            self._timeline = prepare_timeline(self.activities, self.report, self.host, self.host_index)
+            self._timeline = prepare_timeline(self.activities, self.report, self.host, self.host_index, self.path)
         return self._timeline
 
     @property
@@ -174,7 +175,8 @@ def build_state(paths: Sequence[str], analyses: Sequence | None = None, *, verdi
     ``ruleset`` (None: the packaged rules) evaluated on it
     (:func:`diagnose.pipeline.ensure_verdicts`), as ``diagnose run`` does.
     """
-    from diagnose.pipeline import ensure_verdicts
+    from diagnose.app.pathlane import path_lane
+    from diagnose.pipeline import attach_verdicts, ensure_verdicts
 
     paths = [str(p) for p in paths]
     if analyses is None:
@@ -185,16 +187,23 @@ def build_state(paths: Sequence[str], analyses: Sequence | None = None, *, verdi
     entries = []
     for i, (p, a) in enumerate(zip(paths, analyses)):
         label = names[i] if names.count(names[i]) == 1 else f"{names[i]} [{i + 1}]"
-        hx = None
+        hx = lane = None
         if isinstance(a, Mapping):
             report, acts, host = dict(a), None, None
         else:
+            if verdicts and getattr(a, "paths", None) is not None and "symptoms" not in a.to_dict():
+                try:  # an analysis ranks its verdicts by predicted saving (its critical paths), as `run` does
+                    attach_verdicts(a, ruleset)
+                except Exception:  # noqa: BLE001 - ensure_verdicts below reports a broken rule
+                    pass
             report, acts = a.to_dict(), getattr(a, "activities", None)
             host = host_lane(getattr(a, "trace", None), report)
             hx = getattr(a, "host_index", None)
+            lane = path_lane(getattr(a, "paths", None))
         if verdicts:
             ensure_verdicts(report, ruleset)
-        entries.append(TraceEntry(key=str(i), label=label, path=p, report=report, activities=acts, host=host, host_index=hx))
+        entries.append(TraceEntry(key=str(i), label=label, path=p, report=report, activities=acts, host=host, host_index=hx,
+                                  path=lane))
     if not entries:
         raise ValueError("create_app needs at least one trace")
     return AppState(entries, ruleset)

@@ -99,6 +99,8 @@ class TimelineData:
     host_end: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     host_kind: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))  # 0 marker, 1 call, 2 blocking call
     host_label: list[str] = field(default_factory=list)
+    path: Any = None  # the critical-path lane (diagnose.app.pathlane.path_lane), drawn on row path_row
+    path_row: int | None = None
 
     @property
     def n_activities(self) -> int:
@@ -166,7 +168,7 @@ def host_lane(trace: Any, report: dict | None) -> pd.DataFrame:
 
 
 def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None, host: pd.DataFrame | None = None,
-                     host_index: Any = None) -> TimelineData:
+                     host_index: Any = None, path: pd.DataFrame | None = None) -> TimelineData:
     """Sort activities per stream, compute idle gaps per device and step bands.
 
     Args:
@@ -177,6 +179,8 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
             on the GPU lines up with what the host was doing (a blocking call, a marker).
         host_index: the analysis's :class:`~diagnose.analyzers.waits.HostIndex` (the gap
             causes), so the drawn gap kinds are the report's; None: kinds from launch times only.
+        path: the critical-path lane (:func:`diagnose.app.pathlane.path_lane`): drawn on a
+            "critical path" row, its longest segments highlighted.
 
     Returns:
         A :class:`TimelineData` to pass to :func:`timeline_figure` (any number of times).
@@ -197,6 +201,10 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
     if host is not None and len(host):
         host_row = len(rows)
         rows.append("host · markers, calls")
+    path_row = None
+    if path is not None and len(path):
+        path_row = len(rows)
+        rows.append("critical path")
     device_gap_rows: dict[int, int] = {}
     empty_i = np.zeros(0, dtype=np.int64)
     if n == 0:
@@ -267,6 +275,8 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
         host_end=(host["end_ns"].to_numpy(dtype=np.int64) - t0) if host_row is not None else np.zeros(0, dtype=np.int64),
         host_kind=host["kind"].to_numpy(dtype=np.int8) if host_row is not None else np.zeros(0, dtype=np.int8),
         host_label=[str(x)[:120] for x in host["name"]] if host_row is not None else [],
+        path=path if path_row is not None else None,
+        path_row=path_row,
     )
 
 
@@ -520,6 +530,12 @@ def timeline_figure(
         host, n_host = _host_traces(td, lo, hi, max_points)
         traces += host
         drawn += n_host
+    if td.path_row is not None:
+        from diagnose.app.pathlane import path_traces
+
+        for t in path_traces(td.path, td.path_row, td.t0_ns, lo, hi, max_points // 5, LINE_PX):
+            traces.append(t)
+            drawn += int(t.meta["segments"])
 
     budget = max_points - drawn
     ai = np.nonzero(vis)[0]
@@ -686,7 +702,7 @@ def _aggregated_traces(td: TimelineData, ai: np.ndarray, gi: np.ndarray, lo: int
     drawn = 0
     n_rows = len(td.rows)
     n_vis, n_gvis = len(ai), len(gi)
-    rows_drawn = n_rows - 1 - (td.host_row is not None)
+    rows_drawn = n_rows - 1 - (td.host_row is not None) - (td.path_row is not None)
     n_bins = int(max(1, min(MAX_BINS, budget // max(rows_drawn, 1))))
     if n_vis:
         row = td.act_row[ai].astype(np.int64)
