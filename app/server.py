@@ -104,14 +104,14 @@ class TraceEntry:
     activities: pd.DataFrame | None = None
     host: pd.DataFrame | None = None
     host_index: Any = None
-    path: Any = None  # the critical-path lane (diagnose.app.pathlane.path_lane)
+    path_lane: Any = None  # the critical-path lane (diagnose.app.pathlane.path_lane)
     _timeline: TimelineData | None = field(default=None, repr=False)
     _kernels: list | None = field(default=None, repr=False)
 
     @property
     def timeline(self) -> TimelineData:
         if self._timeline is None:
-            self._timeline = prepare_timeline(self.activities, self.report, self.host, self.host_index, self.path)
+            self._timeline = prepare_timeline(self.activities, self.report, self.host, self.host_index, self.path_lane)
         return self._timeline
 
     @property
@@ -203,7 +203,7 @@ def build_state(paths: Sequence[str], analyses: Sequence | None = None, *, verdi
         if verdicts:
             ensure_verdicts(report, ruleset)
         entries.append(TraceEntry(key=str(i), label=label, path=p, report=report, activities=acts, host=host, host_index=hx,
-                                  path=lane))
+                                  path_lane=lane))
     if not entries:
         raise ValueError("create_app needs at least one trace")
     return AppState(entries, ruleset)

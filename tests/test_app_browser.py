@@ -168,3 +168,31 @@ def test_html_report_opens_offline(driver, analyses, tmp_path):
     assert driver.find_element(By.ID, "symptom-card-moe-kernel-bound")
     assert "host · markers, calls" in driver.find_element(By.ID, "timeline-graph").text
     assert _severe(driver) == []
+
+
+def test_timeline_highlights_the_critical_path(driver, base_url, analyses):
+    """The timeline's critical-path lane highlights exactly the segments the JSON report lists
+    for the step (``steps[].critical_path.segments``), at the same times."""
+    from diagnose.app.pathlane import TOP_TRACE
+    from diagnose.app.timeline import prepare_timeline
+
+    vllm = analyses[0]
+    report = vllm.to_dict()
+    segs = report["steps"][0]["critical_path"]["segments"]
+    t0 = prepare_timeline(vllm.activities, report).t0_ns  # the timeline's origin: first GPU activity
+    shift_ns = vllm.t0_ns - t0  # JSON times count from the trace start
+    want = [[round((round(s["start_ms"] * 1e6) + shift_ns) / 1e6, 6), s["ms"]] for s in segs]
+    driver.get(base_url + "/timeline")
+    _wait_css(driver, _plot("timeline-graph"))
+    _wait_css(driver, "#timeline-graph .js-plotly-plot:not(.dash-graph--pending)")
+    assert "critical path" in driver.find_element(By.ID, "timeline-graph").text
+    got = driver.execute_script(
+        "const gd = document.querySelector('#timeline-graph .js-plotly-plot');"
+        f"const t = gd._fullData.find(d => d.name === {TOP_TRACE!r});"  # the drawn (decoded) trace
+        "return t ? [t.meta.critical_path_top, Array.from(t.x).filter(v => v !== null && !isNaN(v))] : null;")
+    assert got is not None
+    top, xs = got
+    assert len(segs) == 10 and top == want
+    drawn = [[round(a, 6), round(b - a, 6)] for a, b in zip(xs[0::2], xs[1::2])]  # what the browser draws
+    assert all(abs(d[0] - w[0]) < 1e-6 and abs(d[1] - w[1]) < 1e-6 for d, w in zip(drawn, want)) and len(drawn) == len(want)
+    assert _severe(driver) == []
