@@ -53,12 +53,30 @@ def _seg(x0, x1, y: int, text, name: str, color: str, width: int, group: str, me
                       connectgaps=False, hovertemplate="%{text}<extra></extra>", meta=meta)
 
 
+def _fmt_us(ns: float) -> str:
+    us = ns / 1e3
+    return f"{us:,.1f} µs" if us < 1e4 else f"{us / 1e3:,.2f} ms"
+
+
+def _runs(s: np.ndarray, e: np.ndarray, k: np.ndarray, lo: int, hi: int, n_bins: int):
+    """Contiguous segments (sorted) merged into runs of pixel bins with the same dominant kind
+    (by time): (run start, run end, kind, segments per run)."""
+    w = max((hi - lo) / n_bins, 1.0)
+    b = np.clip(((np.clip(s, lo, hi) - lo) / w).astype(np.int64), 0, n_bins - 1)
+    dur = (np.minimum(e, hi) - np.maximum(s, lo)).astype(np.float64)
+    wgt = np.bincount(b * len(PATH_KINDS) + k, weights=dur + 1e-9, minlength=n_bins * len(PATH_KINDS))
+    dom_bin = wgt.reshape(n_bins, len(PATH_KINDS)).argmax(axis=1)
+    cls = dom_bin[b]
+    new = np.concatenate(([True], (cls[1:] != cls[:-1]) | (b[1:] - b[:-1] > 1)))
+    first = np.flatnonzero(new)
+    last = np.concatenate((first[1:], [len(s)])) - 1
+    return np.maximum(s[first], lo), np.minimum(e[last], hi), cls[first], last - first + 1
+
+
 def path_traces(lane: pd.DataFrame, row: int, t0_ns: int, lo: int, hi: int, budget: int, line_px: int) -> list[go.Scatter]:
     """Traces of the visible path segments (times relative to ``t0_ns``, range [lo, hi] ns):
     one per kind, at most ``budget`` drawn elements (runs of pixel bins by dominant kind
     beyond), and the highlight of the longest segments (always drawn exactly)."""
-    from diagnose.app.timeline import _bin_class_runs, _fmt_us
-
     s = lane["start_ns"].to_numpy(dtype=np.int64) - t0_ns
     e = lane["end_ns"].to_numpy(dtype=np.int64) - t0_ns
     k = lane["kind"].to_numpy(dtype=np.int64)
@@ -72,9 +90,7 @@ def path_traces(lane: pd.DataFrame, row: int, t0_ns: int, lo: int, hi: int, budg
                 out.append(_seg(s[sel] / 1e6, e[sel] / 1e6, row, txt, f"path: {PATH_KIND_LABELS[kind]}",
                                 PATH_KIND_COLORS[kind], line_px, "path:" + kind, {"segments": int(len(sel))}))
     elif len(vis):
-        nb = max(1, min(1600, budget))
-        rr, rs, re_, dom, cnt, busy = _bin_class_runs(np.zeros(len(vis), dtype=np.int64), s[vis], e[vis], k[vis], lo, hi, 1,
-                                                      nb, len(PATH_KINDS))
+        rs, re_, dom, cnt = _runs(s[vis], e[vis], k[vis], lo, hi, max(1, min(1600, budget)))
         for ki, kind in enumerate(PATH_KINDS):
             m = dom == ki
             if m.any():

@@ -25,6 +25,8 @@ builder of :mod:`diagnose.app.figures`) that the tests call directly.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import os
 import re
@@ -191,12 +193,13 @@ def build_state(paths: Sequence[str], analyses: Sequence | None = None, *, verdi
         if isinstance(a, Mapping):
             report, acts, host = dict(a), None, None
         else:
-            if verdicts and getattr(a, "paths", None) is not None and "symptoms" not in a.to_dict():
-                try:  # an analysis ranks its verdicts by predicted saving (its critical paths), as `run` does
-                    attach_verdicts(a, ruleset)
+            report = a.to_dict()
+            if verdicts and getattr(a, "paths", None) is not None and "symptoms" not in report:
+                try:  # ranked by predicted saving (the analysis's critical paths), as `run` does; `a` is not modified
+                    report = attach_verdicts(dataclasses.replace(a), ruleset).to_dict()
                 except Exception:  # noqa: BLE001 - ensure_verdicts below reports a broken rule
                     pass
-            report, acts = a.to_dict(), getattr(a, "activities", None)
+            acts = getattr(a, "activities", None)
             host = host_lane(getattr(a, "trace", None), report)
             hx = getattr(a, "host_index", None)
             lane = path_lane(getattr(a, "paths", None))
