@@ -248,7 +248,8 @@ class _Walker:
 
 def step_paths(g: D.DepGraph, steps: pd.DataFrame, t0_ns: int) -> Paths:
     """The critical path of every step with GPU work (``steps``: the step table, with
-    ``anchor_ns``), or of the whole window (from ``t0_ns``, the trace start) without steps."""
+    ``anchor_ns``), or of the GPU window (from the first GPU activity's start) without steps.
+    ``t0_ns``: the trace start (kept for callers; times stay absolute)."""
     out = Paths(graph=g)
     if g.n == 0:
         return out
@@ -268,10 +269,11 @@ def step_paths(g: D.DepGraph, steps: pd.DataFrame, t0_ns: int) -> Paths:
             floor = max(anchor, min(prev if prev is not None else anchor, int(g.end[last])))
             segs, stretches, start, reason = w.walk(last, floor, anchor)
             raw.append((i, segs, stretches, start, reason, anchor, int(g.end[last])))
-    else:
+    else:  # the GPU window (README "Definitions"): from the first GPU activity to the last
         last = int(np.argmax(g.end))
-        segs, stretches, start, reason = w.walk(last, t0_ns, t0_ns, unlaunched_previous=False)
-        raw.append((None, segs, stretches, start, reason, t0_ns, int(g.end[last])))
+        first = int(g.start.min())
+        segs, stretches, start, reason = w.walk(last, first, first, unlaunched_previous=False)
+        raw.append((None, segs, stretches, start, reason, first, int(g.end[last])))
     for key, path in zip([r[0] for r in raw], _assemble(g, raw)):
         if key is None:
             out.window = path

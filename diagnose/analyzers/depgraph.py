@@ -15,8 +15,10 @@ cross-stream waits and blocking calls). Its elements:
     on is the last one launched on ``wait_on_stream`` by the thread of the ``cudaEventRecord``
     whose correlation is ``wait_on_cuda_event_record_corr_id``, before that record call; the
     waiting one is the first launched on the waiting stream after the ``cudaStreamWaitEvent``
-    call (``wait_src``). ROCm's ``hipStreamWaitEvent`` names no event: such waits are kept
-    per thread as *unresolved* (``unresolved_waits``).
+    call (``wait_src``). ROCm's ``hipStreamWaitEvent`` names no event, and older traces have no
+    ``cuda_sync`` records: such waits are kept per thread as *unresolved*
+    (``unresolved_waits``), and the next activity the thread launches is taken to wait for the
+    other stream's work that ended last before it started (``_inferred_waits``).
 
   The **binding** predecessor (``bind``, ``bind_ns``) is the one that allowed the activity to
   start last (ties: stream, then wait, then launch).
@@ -188,6 +190,7 @@ def build_graph(trace: Trace, activities: pd.DataFrame) -> DepGraph:
     dev, st = col("device", np.int64, 0), col("stream", np.int64, 0)
     if n:
         _cross_stream_waits(g, trace, dev, st)
+        _inferred_waits(g, dev)
         _binding(g)
         key = np.where(launch_start != NO_TIME, launch_start, start)
         ko = np.argsort(key, kind="stable")
@@ -301,6 +304,42 @@ def _cross_stream_waits(g: DepGraph, trace: Trace, dev: np.ndarray, st: np.ndarr
         starts = rt["start_ns"].to_numpy(dtype=np.int64)[rows]
         for t in np.unique(tids):
             g.unresolved_waits[int(t)] = np.sort(starts[tids == t])
+
+
+def _inferred_waits(g: DepGraph, dev: np.ndarray) -> None:
+    """A stream wait the trace cannot resolve (no ``cuda_sync`` record: ROCm, older Kineto)
+    still made the next activity its thread launched wait for another stream: its wait source
+    is taken to be the activity of another stream of its device that ended last before it
+    started (it then binds only if it ended after the activity's other predecessors)."""
+    if not g.unresolved_waits:
+        return
+    launched = np.flatnonzero(g.launch >= 0)
+    ltid = g.rt_tid[g.launch[launched]]
+    by_dev: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for t, waits in g.unresolved_waits.items():
+        mine = launched[ltid == t]
+        if not len(mine):
+            continue
+        mine = mine[np.argsort(g.launch_start[mine], kind="stable")]
+        j = np.searchsorted(g.launch_start[mine], waits, side="right")
+        for i in np.unique(mine[j[j < len(mine)]]).tolist():
+            if g.wait_src[i] >= 0:
+                continue
+            d = int(dev[i])
+            if d not in by_dev:
+                idx = np.flatnonzero(dev == d)
+                idx = idx[np.argsort(g.end[idx], kind="stable")]
+                by_dev[d] = (g.end[idx], idx)
+            ends, idx = by_dev[d]
+            k = int(np.searchsorted(ends, g.start[i] + RETURN_SLACK_NS, side="right")) - 1
+            for _ in range(16):
+                if k < 0:
+                    break
+                c = int(idx[k])
+                if g.stream[c] != g.stream[i] and c != i:
+                    g.wait_src[i] = c
+                    break
+                k -= 1
 
 
 def _blocking_calls(g: DepGraph, trace: Trace, dev: np.ndarray, st: np.ndarray) -> None:
