@@ -315,31 +315,32 @@ def _inferred_waits(g: DepGraph, dev: np.ndarray) -> None:
         return
     launched = np.flatnonzero(g.launch >= 0)
     ltid = g.rt_tid[g.launch[launched]]
-    by_dev: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    waiting = []
     for t, waits in g.unresolved_waits.items():
         mine = launched[ltid == t]
-        if not len(mine):
-            continue
-        mine = mine[np.argsort(g.launch_start[mine], kind="stable")]
-        j = np.searchsorted(g.launch_start[mine], waits, side="right")
-        for i in np.unique(mine[j[j < len(mine)]]).tolist():
-            if g.wait_src[i] >= 0:
-                continue
-            d = int(dev[i])
-            if d not in by_dev:
-                idx = np.flatnonzero(dev == d)
-                idx = idx[np.argsort(g.end[idx], kind="stable")]
-                by_dev[d] = (g.end[idx], idx)
-            ends, idx = by_dev[d]
-            k = int(np.searchsorted(ends, g.start[i] + RETURN_SLACK_NS, side="right")) - 1
-            for _ in range(16):
-                if k < 0:
-                    break
-                c = int(idx[k])
-                if g.stream[c] != g.stream[i] and c != i:
-                    g.wait_src[i] = c
-                    break
-                k -= 1
+        if len(mine):
+            mine = mine[np.argsort(g.launch_start[mine], kind="stable")]
+            j = np.searchsorted(g.launch_start[mine], waits, side="right")
+            waiting.append(mine[j[j < len(mine)]])
+    if not waiting:
+        return
+    w = np.unique(np.concatenate(waiting))
+    w = w[g.wait_src[w] < 0]
+    for d in np.unique(dev[w]).tolist():
+        wi = w[dev[w] == d]
+        idx = np.flatnonzero(dev == d)
+        idx = idx[np.argsort(g.end[idx], kind="stable")]
+        k = np.searchsorted(g.end[idx], g.start[wi] + RETURN_SLACK_NS, side="right") - 1
+        found = np.full(len(wi), -1, dtype=np.int64)
+        for _ in range(16):  # back over activities of the waiting stream itself
+            ok = k >= 0
+            c = idx[np.maximum(k, 0)]
+            hit = ok & (found < 0) & (g.stream[c] != g.stream[wi]) & (c != wi)
+            found[hit] = c[hit]
+            k = np.where(found < 0, k - 1, k)
+            if not ((found < 0) & (k >= 0)).any():
+                break
+        g.wait_src[wi[found >= 0]] = found[found >= 0]
 
 
 def _blocking_calls(g: DepGraph, trace: Trace, dev: np.ndarray, st: np.ndarray) -> None:
@@ -370,19 +371,18 @@ def _blocking_calls(g: DepGraph, trace: Trace, dev: np.ndarray, st: np.ndarray) 
         ok = (k0 >= 0) & (ends[np.maximum(k0, 0)] >= cs_all) & ((ls0 == NO_TIME) | (ls0 < cs_all)) \
             & ((want_stream < 0) | (g.stream[i0] == want_stream))
         release[sync_rows[ok]] = i0[ok]
-        slow = ~ok & (k0 >= 0) & (ends[np.maximum(k0, 0)] >= cs_all)
-        for r, ws in zip(sync_rows[slow].tolist(), want_stream[slow].tolist()):
-            cs, ce = int(g.rt_start[r]), int(g.rt_end[r])
-            k = int(np.searchsorted(ends, ce + RETURN_SLACK_NS, side="right")) - 1
-            for _ in range(RELEASE_LOOKBACK):
-                if k < 0 or ends[k] < cs:
-                    break
-                i = int(eo[k])
-                ls = int(g.launch_start[i])
-                if (ls == NO_TIME or ls < cs) and (ws < 0 or int(g.stream[i]) == ws):
-                    release[r] = i
-                    break
-                k -= 1
+        pend = np.flatnonzero(~ok & (k0 >= 0) & (ends[np.maximum(k0, 0)] >= cs_all))  # look further back
+        k = k0[pend] - 1
+        for _ in range(RELEASE_LOOKBACK):
+            alive = (k >= 0) & (ends[np.maximum(k, 0)] >= cs_all[pend])
+            pend, k = pend[alive], k[alive]
+            if not len(pend):
+                break
+            i = eo[k]
+            ls = g.launch_start[i]
+            hit = ((ls == NO_TIME) | (ls < cs_all[pend])) & ((want_stream[pend] < 0) | (g.stream[i] == want_stream[pend]))
+            release[sync_rows[pend[hit]]] = i[hit]
+            pend, k = pend[~hit], k[~hit] - 1
     rows = np.flatnonzero(release >= 0)
     rel = release[rows]
     waited = g.end[rel] >= g.rt_start[rows]
