@@ -240,26 +240,7 @@ def _entry(r: Rule, head: dict[str, Any], vals: dict[str, Any], findings: Mappin
             entry["cause"] = render_template(r.cause, rule_labels)
         if r.headline:
             entry["headline"] = render_template(r.headline, template_vals)
-        if r.stake_tree is not None:
-            senv = {mangle(n): x for n, x in ev_findings.items() if x is not None}
-            senv.update(r.threshold_values())
-            try:
-                stake = eval_expression(r.stake_tree, senv)
-            except (ZeroDivisionError, OverflowError, KeyError):
-                stake = None
-            window = _stake_base_ms(findings)
-            if stake is not None:
-                entry["stake_ms"] = round(stake, 6)
-                entry["rank_basis"] = "stake"
-                if window:
-                    entry["stake_share"] = round(min(stake / window, 1.0), 6)
-                    entry["severity"] = severity_for_share(stake / window)
-            saving = savings(r) if savings is not None and r.whatif else None
-            if saving is not None:
-                entry["predicted_saving_ms"] = round(saving, 6)
-                entry["rank_basis"] = "predicted_saving"
-                if window:
-                    entry["severity"] = severity_for_share(min(saving / window, 1.0))
+        _rank_time(entry, r, ev_findings, findings, savings)
         keep, notes = _levers(r, findings)
         entry["recommends"] = keep
         if notes:
@@ -268,6 +249,33 @@ def _entry(r: Rule, head: dict[str, Any], vals: dict[str, Any], findings: Mappin
             entry["fix"] = ("; ".join(LEVERS[k].text for k in keep) + ". " if keep else "") + " ".join(
                 n[0].upper() + n[1:] + "." for n in notes)
     return entry
+
+
+def _rank_time(entry: dict[str, Any], r: Rule, ev_findings: Mapping[str, Any], findings: Mapping[str, Any],
+               savings: Callable[[Rule], float | None] | None) -> None:
+    """A fired rule's stake (``stake_ms``, ``stake_share``) and predicted saving
+    (``predicted_saving_ms``), which of them ranks it (``rank_basis``), and the severity that
+    follows the ranking time's share of the steps' own time (:func:`rank_ms`)."""
+    window = _stake_base_ms(findings)
+    if r.stake_tree is not None:
+        senv = {mangle(n): x for n, x in ev_findings.items() if x is not None}
+        senv.update(r.threshold_values())
+        try:
+            stake = eval_expression(r.stake_tree, senv)
+        except (ZeroDivisionError, OverflowError, KeyError):
+            stake = None
+        if stake is not None:
+            entry["stake_ms"] = round(stake, 6)
+            entry["rank_basis"] = "stake"
+            if window:
+                entry["stake_share"] = round(min(stake / window, 1.0), 6)
+                entry["severity"] = severity_for_share(stake / window)
+    saving = savings(r) if savings is not None and r.whatif else None
+    if saving is not None:
+        entry["predicted_saving_ms"] = round(saving, 6)
+        entry["rank_basis"] = "predicted_saving"
+        if window:
+            entry["severity"] = severity_for_share(min(saving / window, 1.0))
 
 
 def rank_ms(symptom: Mapping[str, Any]) -> float:
