@@ -86,7 +86,7 @@ def render_report(d: dict[str, Any], console: Console | None = None, metadata: d
         indent = "      " if s.get("grouped_under") else "  "
         line = f"{indent}[{s['severity']}] {s['id']}: {s['summary']}"
         if s.get("predicted_saving_ms") is not None:
-            line += f" (predicted step-time saving {s['predicted_saving_ms']:.3f} ms)"
+            line += f" (predicted saving {s['predicted_saving_ms']:.3f} ms)"
         c.print(Text(safe(line), style=SEVERITY_STYLES.get(s["severity"], "")))
         if not s.get("grouped_under"):
             recs = s.get("recommends") or []
