@@ -751,7 +751,7 @@ def test_cli_help_lists_every_command():
     r = CliRunner().invoke(main, ["--help"])
     assert r.exit_code == 0
     listed = [line.split()[0] for line in r.output.split("Commands:")[1].splitlines() if line.startswith("  ")]
-    assert listed == ["bounds", "collect", "compare", "gate", "kv-budget", "rules", "run", "serve", "sweep"]
+    assert listed == ["bounds", "collect", "compare", "gate", "kv-budget", "rules", "run", "serve", "sweep", "whatif"]
 
 
 @pytest.mark.parametrize("cmd, expect", [
