@@ -119,8 +119,10 @@ def attach_verdicts(analysis_or_report, ruleset=None, device: int | None = None)
 
         a = analysis_or_report
 
-        def savings(rule):  # the one ranking rule: predicted saving where the path exists
+        def _saving(rule):  # the one ranking rule: predicted saving where the path exists
             return rule_saving_ms(a.paths, a.steps, rule.phase, rule.whatif, lab.get("trace.main_phase"))
+
+        savings = _saving
 
     verdicts = evaluate(rs.rules, findings, scope="trace", overrides=rs.overrides,
                         unreliable=unreliable_findings(report, device), labels=lab, savings=savings)

@@ -142,9 +142,13 @@ def test_nano_vllm_decode_host_bound_by_frame_and_cause():
 
 
 def test_window_path_without_steps():
-    """AlexNet has no steps: the report has the whole window's path (from the kernel that
-    waited 3 s for work the trace does not hold)."""
+    """Without steps the path is the whole window's: AlexNet's (from the kernel that waited
+    3 s for work the trace does not hold). The report finds AlexNet's two param-benchmark
+    forwards as steps (its warmup and measure ranges), so it gives their paths instead of the
+    window's; the window path is walked here on the same graph with no step."""
     a = run_analysis(str(shared_trace("hta/critical_path_alexnet/benchmark_result_2869224_1695835535_trace.json.gz")))
-    w = a.report.critical_path.window
-    assert a.report.critical_path.phases == [] and w.start_reason == "outside_trace"
+    assert [s.name.rsplit("|", 2)[1] for s in a.report.steps] == ["warmup", "measure"]
+    assert a.report.critical_path.window is None and [p.steps for p in a.report.critical_path.phases] == [2]
+    w = C.path_record(C.step_paths(a.paths.graph, a.steps.iloc[0:0], a.t0_ns).window, a.t0_ns)
+    assert w.start_reason == "outside_trace"
     assert w.length_ms == 1982.286

@@ -95,12 +95,12 @@ def test_h100_profiler_step_0_matches_hta():
 
 
 def test_alexnet_measure_forward_1_matches_hta():
-    """AlexNet benchmark, the second ``measure|forward`` range as a window (the tool finds no
-    steps there): HTA 35,834 µs, 89.418 % cpu-bound; ours 36,075 µs wall, 35,834 µs
-    HTA-comparable, every share equal."""
+    """AlexNet benchmark, the second ``measure|forward`` range as a window (the report's steps
+    are the param-benchmark forward ranges, warmup and measure; HTA's instance is a range):
+    HTA 35,834 µs, 89.418 % cpu-bound; ours 36,075 µs wall, 35,834 µs HTA-comparable, every
+    share equal."""
     path = shared_trace(ALEXNET)
     a = run_analysis(str(path))
-    assert a.report.steps == []
     ann = a.trace.annotations
     fwd = ann[ann["name"].astype(str) == ALEX_FORWARD].sort_values("start_ns")
     r = fwd.iloc[1]

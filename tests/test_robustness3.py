@@ -229,7 +229,7 @@ def test_p16_a_400kb_kernel_name_classifies_in_linear_time():
 
 def _every_pattern():
     """Every pattern this project applies to names a trace controls."""
-    from diagnose.analyzers import kernels, launches, moebytes, tracetype, waits
+    from diagnose.analyzers import depgraph, hostpath, kernels, launches, moebytes, tracetype, waits
     from diagnose.trace import capture
     from diagnose.tables import category_table, gpu_table, host_call_table, marker_table
     from diagnose.trace import apis, kineto_columns, nsys, nsys_tables
@@ -243,7 +243,8 @@ def _every_pattern():
         (moebytes, ("EXPERT_GEMM_KERNEL", "_NOT_EXPERT_GEMM")), (kernels, ("_SEQ_GROUP",)), (capture, ("_CAPTURE_ANN",)),
         (launches, ("INDUCTOR_KERNEL", "FUSED_ATTENTION_KERNEL", "_CAPTURE_CALL")),
         (tracetype, ("_CAPTURE",)), (waits, ("_WAIT_CALL",)), (kineto_columns, ("_RANK_PID",)),
-        (nsys_tables, ("_VERSION_SUFFIX",)), (nsys, ("_DATA_LOSS",))) for n in names]
+        (nsys_tables, ("_VERSION_SUFFIX",)), (nsys, ("_DATA_LOSS",)), (depgraph, ("SYNC_CALL", "WAIT_CALL")),
+        (hostpath, ("LIBRARY_FRAME", "_SYNC_LIKE"))) for n in names]
     out += [("nsys sync", rx) for rx, _ in nsys_tables._API_SYNC]
     try:
         from diagnose.app import timeline

@@ -60,6 +60,8 @@ def test_scenario_specs():
     for bad in ("nonsense", "launch:(", "outside_trace"):
         with pytest.raises(DiagnoseError):
             W.parse_remove(bad)
+    with pytest.raises(DiagnoseError, match="nests repeats"):  # a frame regex is an outside pattern (diagnose.patterns)
+        W.parse_remove("launch:(a+)+$")
     for bad in ("gemm", "gemm=0.5", "gemm=x", "nope=2"):
         with pytest.raises(DiagnoseError):
             W.parse_speedup(bad)

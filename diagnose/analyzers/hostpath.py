@@ -231,7 +231,7 @@ class _Nesting:
 
         ann = tr.annotations
         take(ann[ann["scope"] == "cpu"] if len(ann) else None, _CLS_RANGE)
-        take(getattr(tr, "python", None), _CLS_PY)
+        take(tr.python_frames, _CLS_PY)
         take(tr.cpu_ops, _CLS_OP)
         take(getattr(tr, "overhead", None), _CLS_OVER)
         take(tr.runtime, _CLS_RT, _launch_like(graph))

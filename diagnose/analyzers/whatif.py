@@ -22,7 +22,6 @@ still a chain of the re-timed graph), and zero when nothing on the path is remov
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +29,7 @@ import numpy as np
 from diagnose.analyzers import depgraph as D
 from diagnose.analyzers.hostpath import DEFAULT_CAUSE, cause_timeline
 from diagnose.errors import DiagnoseError
+from diagnose.patterns import check_pattern, clip, outside_pattern
 from diagnose.vocab import CATEGORIES, EXTERNAL_CAUSES, GAP_CAUSES
 
 #: Causes ``--remove`` takes: the gap causes, and ``idle`` for every internal one.
@@ -66,7 +66,9 @@ def parse_remove(spec: str) -> tuple[str, str | None]:
     """``CAUSE[:FRAME-REGEX]`` -> (cause, regex or None).
 
     Raises:
-        DiagnoseError: an unknown cause or an invalid regex.
+        DiagnoseError: an unknown cause, or a regex that does not compile or nests repeats
+            (:func:`diagnose.patterns.check_pattern`; it is matched on the first
+            :data:`~diagnose.patterns.MATCH_PREFIX_CHARS` characters of each name).
     """
     cause, _, rx = spec.partition(":")
     cause = cause.strip()
@@ -75,10 +77,7 @@ def parse_remove(spec: str) -> tuple[str, str | None]:
     if rx:
         if len(rx) > 500:
             raise DiagnoseError(f"--remove {spec[:40]!r}...: the frame regex is longer than 500 characters")
-        try:
-            re.compile(rx)
-        except re.error as e:
-            raise DiagnoseError(f"--remove {spec!r}: invalid frame regex ({e})") from None
+        check_pattern(rx, f"--remove {cause}: frame regex")
     return cause, rx or None
 
 
@@ -194,7 +193,7 @@ def _thread_span(g: D.DepGraph, tid: int) -> tuple[int, int]:
     lo = int(g.rt_start[m].min()) if m.any() else 0
     hi = int(g.rt_end[m].max()) if m.any() else 0
     tr = g.trace
-    for f in (tr.cpu_ops, getattr(tr, "python", None), tr.annotations):
+    for f in (tr.cpu_ops, tr.python_frames, tr.annotations):
         if f is not None and len(f):
             sub = f[f["tid"].to_numpy() == tid]
             if len(sub):
@@ -223,16 +222,18 @@ def _frame_set(g: D.DepGraph, tid: int, rx: str) -> tuple[np.ndarray, np.ndarray
     from diagnose.analyzers.hostpath import _merge
     from diagnose.trace.model import per_unique
 
-    pat = re.compile(rx)
+    pat = outside_pattern(rx)
+    if pat is None:  # parse_remove refused it already: match nothing
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     tr = g.trace
     ss, es = [], []
-    for f in (getattr(tr, "python", None), tr.cpu_ops, tr.annotations, tr.runtime):
+    for f in (tr.python_frames, tr.cpu_ops, tr.annotations, tr.runtime):
         if f is None or not len(f):
             continue
         sub = f[f["tid"].to_numpy() == tid]
         if not len(sub):
             continue
-        hit = per_unique(sub["name"], lambda u: bool(pat.search(str(u))))
+        hit = per_unique(sub["name"], lambda u: bool(pat.search(clip(str(u)))))
         ss.append(sub["start_ns"].to_numpy(dtype=np.int64)[hit])
         es.append(sub["end_ns"].to_numpy(dtype=np.int64)[hit])
     if not ss:
