@@ -277,7 +277,8 @@ class _Chains:
         self.release = rel[self.row]
         prev = np.full(len(self.row), -1, dtype=np.int64)
         by = np.lexsort((np.arange(len(self.row)), self.tid))
-        same = np.concatenate(([False], self.tid[by][1:] == self.tid[by][:-1]))
+        same = np.zeros(len(by), dtype=bool)  # no host call at all (a kernels-only trace): none
+        same[1:] = self.tid[by][1:] == self.tid[by][:-1]
         prev[by[same]] = by[np.flatnonzero(same) - 1]
         self.prev = prev
         self.of_row = {int(r): i for i, r in enumerate(self.row.tolist())}
