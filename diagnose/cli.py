@@ -118,6 +118,9 @@ class _Main(OneLineGroup):
         "sweep": "Context / batch / GPU-count / prompt-length sweep over several traces (S1, S4, prefill MFU).",
         "rules": "Symptom rules: list them, run their fixtures, generate their reference.",
         "serve": "Serve the interactive report: overview, phases, timeline, kernels, roofline, KV budget, compare.",
+        "whatif": "Predicted step times if some time went away: each step's critical path re-timed with the "
+                  "given causes removed and kernel categories sped up (p50 per phase, and per step), and the "
+                  "predicted saving of every finding with a stake (what the report ranks by).",
     }
     _listing = False
 
