@@ -35,3 +35,15 @@ def div(a: Any, b: Any) -> float | None:
     if a is None or b is None or b == 0:
         return None
     return a / b
+
+
+def fmt_ms(v: float) -> str:
+    """A duration in ms as a reader wants it: 3 significant digits under 10 ms ("0.927",
+    "2.01"), one decimal under 100 ("27.5"), whole ms with thousands separators above ("186",
+    "11,720")."""
+    a = abs(v)
+    if a < 10:
+        return f"{v:.3g}"
+    if a < 100:
+        return f"{v:.1f}"
+    return f"{v:,.0f}"

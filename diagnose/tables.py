@@ -62,9 +62,18 @@ class MarkerTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     phase_frames: list[PhaseFrame] = []
 
 
+HOST_TESTS = ("lazy_loading", "profiler", "profiler_frame", "module_load", "blocking", "poll", "sync_frame", "compile",
+              "data_loading", "guard", "dynamo_entry", "framework_frame", "stream_wait", "os_wait")
+HOST_EVENT_KINDS = ("overhead", "runtime", "op", "range", "frame", "os")
+
+
 class HostCallRow(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    cause: Literal["cold_start", "profiler_overhead", "host_blocked"]
-    what: Literal["overhead", "runtime", "range"]
+    """One test of the host-cause classifier (``diagnose/data/host_calls.yaml``)."""
+
+    test: Literal[HOST_TESTS]  # type: ignore[valid-type]
+    cause: Optional[str]
+    scope: Literal["chain", "innermost", "graph_entry"]
+    events: list[Literal[HOST_EVENT_KINDS]]  # type: ignore[valid-type]
     pattern: str
     source: str
 
@@ -162,7 +171,27 @@ def marker_table() -> MarkerTable:
 
 @lru_cache(maxsize=None)
 def host_call_table() -> HostCallTable:
-    return load_table("host_calls.yaml", HostCallTable)
+    """The host classifier's tests; each row's cause is one of the cause table's host causes.
+
+    Raises:
+        DiagnoseError: the file does not fit, a regex does not compile, a test is listed twice
+            or names a cause the cause table does not read from the host.
+    """
+    from diagnose.vocab import HOST_CAUSES
+
+    table = load_table("host_calls.yaml", HostCallTable)
+    seen = set()
+    for r in table.rows:
+        if r.test in seen:
+            raise DiagnoseError(f"diagnose/data/host_calls.yaml: test {r.test!r} listed twice")
+        seen.add(r.test)
+        if r.cause is not None and r.cause not in HOST_CAUSES:
+            raise DiagnoseError(f"diagnose/data/host_calls.yaml: test {r.test!r}: cause {r.cause!r} is not a host cause of "
+                                f"diagnose/data/causes.yaml ({', '.join(HOST_CAUSES)})")
+    missing = [t for t in HOST_TESTS if t not in seen]
+    if missing:
+        raise DiagnoseError(f"diagnose/data/host_calls.yaml: tests missing: {', '.join(missing)}")
+    return table
 
 
 @lru_cache(maxsize=None)

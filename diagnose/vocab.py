@@ -67,42 +67,25 @@ CATEGORY_COLORS = {c.name: c.color for c in CATEGORY_TABLE}
 SHARE_CATEGORIES = tuple(c.name for c in CATEGORY_TABLE if c.share_finding)
 PHASE_COLORS = {"prefill": "#ad1457", "decode": "#283593", "mixed": "#f9a825", "unknown": "#cccccc", "all": "#444444"}
 
-#: Kinds of idle gap (README "Definitions").
+#: Kinds of idle gap (README "Definitions"); their colours are their causes' (the cause table).
 GAP_KINDS = ("launch", "graph", "other", "unattributed")
-GAP_COLORS = {"launch": "#d62728", "graph": "#9467bd", "other": "#b0b0b0", "unattributed": "#c9a66b"}
-GAP_LABELS = {
-    "launch": "launch gap (GPU waited for host)",
-    "graph": "gap inside graph replay",
-    "other": "idle (other: sync, dependency)",
-    "unattributed": "idle (no launch call linked)",
-}
 
+#: The cause table (``diagnose/data/causes.yaml``, :mod:`diagnose.cause_table`): every cause
+#: of GPU waiting with its label, whether it is external to the step, its colour and its levers;
+#: and the levers. Nothing here defines a cause, a colour or a lever: these names read the table.
+from diagnose.cause_table import Cause, Lever, cause_table  # noqa: E402
 
-@dataclass(frozen=True)
-class GapCause:
-    """Why the GPU was idle: a cause of an idle gap or a step's wait, with its plain meaning."""
-
-    name: str
-    label: str
-    external: bool  # the time is not the step's own cost (excluded from steps[].own_ms)
-
-
-GAP_CAUSE_TABLE: tuple[GapCause, ...] = (
-    GapCause("launch", "the host launched the next work late (host/launch-bound)", False),
-    GapCause("graph", "gap between kernels of one CUDA/HIP graph replay", False),
-    GapCause("host_blocked", "the host was blocked in a call (synchronize, blocking copy, event wait)", False),
-    GapCause("dependency", "the next work was launched in time but waited (another stream, an event, a copy)", False),
-    GapCause("switch", "the next kernel was already queued and started within a few µs (kernel-switch overhead)", False),
-    GapCause("cold_start", "first-iteration cost: lazy module loading, cubin/JIT load, compilation", True),
-    GapCause("profiler_overhead", "the profiler itself (CUPTI/roctracer buffer handling)", True),
-    GapCause("not_in_trace", "the next work has no launch call in the trace", True),
-    GapCause("unknown", "the next work's launch call is in the trace but its time is unusable (host and GPU clocks disagree: clock_skew)", False),
-    GapCause("outside_trace", "the GPU was busy with or waiting for work not in the trace (e.g. the previous step: pipelining)", True),
-    GapCause("pipelined", "the GPU was still running earlier work of the trace (the previous step): not this step's cost", True),
-)
+GAP_CAUSE_TABLE: tuple[Cause, ...] = tuple(cause_table().causes)
 GAP_CAUSES = tuple(c.name for c in GAP_CAUSE_TABLE)
 GAP_CAUSE_LABELS = {c.name: c.label for c in GAP_CAUSE_TABLE}
+#: Causes whose time is not the step's own cost (excluded from steps[].own_ms).
 EXTERNAL_CAUSES = frozenset(c.name for c in GAP_CAUSE_TABLE if c.external)
+#: Each cause's colour in every view (terminal, HTML, web timeline and overview).
+CAUSE_COLORS = {c.name: c.color for c in GAP_CAUSE_TABLE}
+#: Each cause's levers, in the order worth trying.
+CAUSE_LEVERS = {c.name: tuple(c.levers) for c in GAP_CAUSE_TABLE}
+#: Causes read from the host's activity, in the host classifier's precedence order.
+HOST_CAUSES = cause_table().host_order
 
 
 #: Kinds of critical-path segment (README "Critical path"): time in GPU activities, the gaps
@@ -123,44 +106,8 @@ PATH_KIND_COLORS = {
 #: (> 1.5 ms after every in-trace predecessor), or a first activity with no predecessor.
 PATH_STARTS = ("anchor", "previous_step", "outside_trace", "not_in_trace")
 
-
-@dataclass(frozen=True)
-class Lever:
-    """A fix direction a rule can recommend (``recommends:``). ``present_when`` is a condition
-    (rule condition language, finding names with dots) that shows the lever is already in
-    place or does not apply: the engine then drops it from the verdict and says why."""
-
-    name: str
-    text: str
-    present_when: str = ""
-    present_text: str = ""
-
-
-LEVER_TABLE: tuple[Lever, ...] = (
-    Lever("cuda_graphs", "capture the step in a CUDA/HIP graph (one launch replays it)",
-          "trace.graph_kernel_share >= 0.5", "the steps already replay CUDA/HIP graphs"),
-    Lever("chunked_prefill", "chunked prefill, so prefill and decode share steps",
-          "steps.prefill_interleaved_count + steps.mixed_count == 0", "no prefill shares the window with decode steps"),
-    Lever("token_budget", "a smaller per-step token budget (vLLM max_num_batched_tokens, SGLang chunked_prefill_size)"),
-    Lever("kernel_fusion", "fuse the elementwise and norm kernels (torch.compile, fused RMSNorm + RoPE kernels)",
-          "trace.inductor_kernel_share >= 0.3", "the step already runs torch.compile (Inductor) kernels"),
-    Lever("moe_kernels", "MoE expert GEMMs tuned for the device and the tokens per expert (tile and split choice, a vendor "
-          "fused-MoE kernel); compare each expert kernel's TB/s in the kernel table"),
-    Lever("gemm_tuning", "tune or replace the costliest GEMM (tile shapes, library, fused epilogues)"),
-    Lever("weight_quantization", "quantize the weights (int8/fp8 halves the bytes, int4 quarters them)",
-          "model.weight_bits <= 8.5", "the weights are already quantized (8 bits or fewer per weight on average)"),
-    Lever("kv_quantization", "quantize the KV cache (int8/fp8)"),
-    Lever("bigger_batch", "a bigger decode batch (weights are read once per step)"),
-    Lever("remove_host_sync", "remove host synchronizations and blocking copies from the step loop (pinned memory, non_blocking copies)"),
-    Lever("keep_weights_on_device", "keep the weights on the GPU (no offload), or prefetch them asynchronously"),
-    Lever("overlap_communication", "overlap communication with compute (or parallelise differently)"),
-    Lever("flash_attention", "an IO-aware (FlashAttention-style) attention kernel",
-          "trace.fused_attention_share >= 0.5", "attention already runs in fused (FlashAttention-style) kernels"),
-    Lever("attention_tuning", "a faster fused attention kernel for the device (another backend or version, e.g. CK/aiter "
-          "on MI300X, FlashAttention-3 on H100); compare its TFLOP/s in the kernel table with the GEMMs'"),
-    Lever("synchronize_timer", "synchronize before reading a host timer (or time with CUDA events)"),
-    Lever("fewer_kernels", "fewer, larger kernels: fuse the small ones that remain (routing, norms, casts, bookkeeping)"),
-)
+#: The levers (the cause table's ``levers``).
+LEVER_TABLE: tuple[Lever, ...] = tuple(cause_table().levers)
 LEVERS = {lv.name: lv for lv in LEVER_TABLE}
 
 
