@@ -18,7 +18,8 @@ hashes a name string again.
 
 ``runtime`` — host-side CUDA/HIP runtime and driver API calls:
     name (categorical), api_kind (str: "launch" | "graph_launch" | "memcpy" | "memset" | "sync" |
-    "other"), start_ns, end_ns (int64), correlation (int64, -1 = none), pid (int64),
+    "other"; "os" for OS runtime calls of an nsys export), start_ns, end_ns (int64),
+    correlation (int64, -1 = none), pid (int64),
     tid (int64).
 
 ``cpu_ops`` — framework operators (``cpu_op`` / legacy ``Operator``):

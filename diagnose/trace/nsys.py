@@ -17,6 +17,9 @@ with ``PRAGMA table_info`` first, so older or newer schemas degrade instead of f
 * ``CUPTI_ACTIVITY_KIND_SYNCHRONIZATION`` -> ``gpu_syncs`` (Kineto names: "Event Sync",
   "Stream Wait Event", "Stream Sync", "Context Sync", taken from the API call with the same
   correlation id when there is one, else from ``syncType``; stream -1 for context syncs).
+* ``OSRT_API`` (``--trace osrt``: pthread, poll, read, ioctl...) -> ``runtime`` with
+  ``api_kind`` "os" and no correlation: what the host thread was doing between CUDA calls
+  (the host-cause classifier reads them; an OS wait there is waiting for another thread).
 * ``NVTX_EVENTS*`` push/pop (eventType 59) and start/end (60) ranges -> ``annotations``
   (scope "cpu", device -1); marks (34) and other NVTX records are skipped.
 * ``PROFILER_OVERHEAD`` (CUPTI buffer flushes, instrumentation...) -> ``overhead``.

@@ -34,6 +34,9 @@ RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 DRIVER_TABLE = "CUPTI_ACTIVITY_KIND_DRIVER"
 
 
+OSRT_TABLE = "OSRT_API"  # OS runtime calls (nsys --trace osrt): host events, never launches
+
+
 SYNC_TABLE = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
 
 
@@ -294,7 +297,7 @@ def _overhead(db: _Db, notes: _Notes) -> pd.DataFrame | None:
 def _runtime(db: _Db, notes: _Notes) -> dict[str, np.ndarray]:
     """Runtime + driver API rows as column arrays (RUNTIME_COLUMNS), unsorted."""
     parts: list[dict[str, np.ndarray]] = []
-    for table in (RUNTIME_TABLE, DRIVER_TABLE):
+    for table in (RUNTIME_TABLE, DRIVER_TABLE, OSRT_TABLE):
         if not db.has(table):
             continue
         d = db.read(
@@ -307,11 +310,16 @@ def _runtime(db: _Db, notes: _Notes) -> dict[str, np.ndarray]:
             },
             _ACTIVITY_WHERE,
         )
+        if table == OSRT_TABLE:  # OS calls: never a launch (their correlation ids are another space)
+            d["correlation"] = np.full(len(d["start"]), -1, dtype=np.int64)
         # Clean and classify each distinct name once, then map by position.
         clean = db.strings(d["nameId"]).map(lambda v: _VERSION_SUFFIX.sub("", v))
         names = _names(clean, d["nameId"], notes)
-        kind = clean.map(api_kind).take(d["nameId"])
-        kind[np.equal(kind, None)] = "other"
+        if table == OSRT_TABLE:
+            kind = np.full(len(d["start"]), "os", dtype=object)
+        else:
+            kind = clean.map(api_kind).take(d["nameId"])
+            kind[np.equal(kind, None)] = "other"
         gtid = d["gtid"]
         parts.append(
             {
