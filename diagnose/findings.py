@@ -35,6 +35,7 @@ from diagnose.vocab import (
     EXTERNAL_CAUSES,
     GAP_CAUSES,
     GAP_KINDS,
+    HOST_CAUSES,
     PHASES,
     QUALITY_CODES,
     SHARE_CATEGORIES,
@@ -174,6 +175,7 @@ def _phase(p: PhaseRow, n: str, out: Findings) -> None:
     out[f"{n}.idle_own_ms"] = own_idle
     hb = [g.duration_ms for g in longest if g.cause == "host_blocked"]
     out[f"{n}.longest_host_blocked_ms"] = (max(hb) if hb else 0.0) if measured else None
+    _causes(p, n, out, measured)
     out[f"{n}.steps"] = num(p.step_count)
     out[f"{n}.wall_ms"] = num(p.wall_ms)
     out[f"{n}.own_ms"] = num(p.own_ms)
@@ -186,6 +188,49 @@ def _phase(p: PhaseRow, n: str, out: Findings) -> None:
     out[f"{n}.top_kernel_share"] = num(p.top_kernels[0].kernel_time_share) if p.top_kernels else None
     _timeline(p, n, out)
     _categories(p, n, out)
+
+
+def _cause_num(r: Any) -> float:
+    """A cause row's time: in the phase's steps when it has steps, else in its gaps."""
+    return float(r.steps_ms if r.steps_ms is not None else r.ms)
+
+
+#: Host causes that name what the host did (host_unknown says the trace does not show it).
+KNOWN_HOST = tuple(c for c in HOST_CAUSES if c != "host_unknown")
+
+
+def top_host_cause(p: PhaseRow) -> Any:
+    """The phase's largest internal cause the host's events name (a
+    :class:`~diagnose.model.CauseRow`; never ``host_unknown``), or None."""
+    rows = [r for r in p.causes if r.cause in KNOWN_HOST and not r.external and _cause_num(r) > 0]
+    return max(rows, key=_cause_num) if rows else None
+
+
+def _causes(p: PhaseRow, n: str, out: Findings, measured: bool) -> None:
+    """``<n>.idle_<cause>_share``, ``<n>.per_step_<cause>_ms``, the top host cause's numbers,
+    the graph-step share and the collectives' split."""
+    rows = {r.cause: r for r in p.causes}
+    for c in GAP_CAUSES:
+        r = rows.get(c)
+        out[f"{n}.idle_{c}_share"] = (num(r.share) if r is not None else 0.0) if measured else None
+        out[f"{n}.per_step_{c}_ms"] = (num(r.per_step_ms) if r is not None else (0.0 if p.step_count else None)) if measured else None
+    top = top_host_cause(p)
+    host_internal = [r for r in p.causes if r.cause in KNOWN_HOST and not r.external]
+    out[f"{n}.host_cause_ms"] = (_cause_num(top) if top is not None else 0.0) if measured else None
+    out[f"{n}.host_cause_per_step_ms"] = ((num(top.per_step_ms) if top.per_step_ms is not None else top.ms)
+                                          if top is not None else 0.0) if measured else None
+    out[f"{n}.host_cause_share"] = (num(top.share) if top is not None else 0.0) if measured else None
+    out[f"{n}.host_idle_ms"] = sum(_cause_num(r) for r in host_internal) if measured else None
+    out[f"{n}.host_idle_share"] = (min(1.0, sum(num(r.share) or 0.0 for r in host_internal)) if measured else None)
+    idle_steps = [r for r in p.causes if not r.external and r.steps_ms is not None and r.cause != "collective_wait"]
+    own = num(p.own_ms)
+    out[f"{n}.step_idle_share"] = (min(1.0, sum(float(r.steps_ms) for r in idle_steps) / own) if idle_steps and own
+                                   else out.get(f"{n}.gpu_idle_own_share")) if measured else None
+    out[f"{n}.graph_step_share"] = num(p.graph_step_share) if p.graph_step_share is not None else 0.0
+    out[f"{n}.collective_comm_ms"] = num(p.collective_comm_ms)
+    out[f"{n}.collective_wait_ms"] = num(p.collective_wait_ms)
+    cw = rows.get("collective_wait")
+    out[f"{n}.collective_wait_share"] = num(cw.share) if cw is not None else 0.0
 
 
 def _attainment(p: PhaseRow, n: str, out: Findings) -> None:
@@ -408,6 +453,7 @@ def labels(report: Report | Mapping[str, Any], device: int | None = None) -> dic
     if main is not None:
         rows = {**rows, "main": main}
     for n, p in rows.items():
+        _cause_labels(p, n, out)
         if p.top_kernels:
             out[f"{n}.top_kernel"] = base_name(str(p.top_kernels[0].name or ""))[:80]
         cats = {c: v for c, v in p.categories_ms.items() if c not in ("memcpy", "memset")}
@@ -426,6 +472,36 @@ def labels(report: Report | Mapping[str, Any], device: int | None = None) -> dic
     if hb:
         out["all.longest_host_blocked_call"] = max(hb, key=lambda g: g.duration_ms).host_call or "an unnamed call"
     return out
+
+
+def _cause_labels(p: PhaseRow, n: str, out: dict[str, str]) -> None:
+    """``<n>.host_cause``, ``.host_cause_text``, ``.host_frame``, ``.frame_<cause>`` and
+    ``.idle_split`` of one phase row."""
+    from diagnose.vocab import GAP_CAUSE_TABLE
+
+    from diagnose.numeric import fmt_ms
+
+    short = {c.name: c.short for c in GAP_CAUSE_TABLE}
+    for r in p.causes:
+        if r.frame:
+            out[f"{n}.frame_{r.cause}"] = r.frame
+        per = r.per_step_ms if r.per_step_ms is not None and p.step_count else None
+        out[f"{n}.amount_{r.cause}"] = f"{fmt_ms(per)} ms per step" if per is not None else f"{fmt_ms(r.ms)} ms"
+    top = top_host_cause(p)
+    if top is not None:
+        out[f"{n}.host_cause"] = top.cause
+        out[f"{n}.host_cause_amount"] = out[f"{n}.amount_{top.cause}"]
+        out[f"{n}.host_cause_text"] = short.get(top.cause, top.cause)
+        frame = top.frame or "an untraced host thread"
+        if top.cause == "compile_guard" and (p.graph_step_share or 0) > 0:
+            frame += " before the first graph replay"
+        out[f"{n}.host_frame"] = frame
+    waiting = [r for r in p.causes if not r.external and _cause_num(r) > 0 and r.cause != "pipelined"]
+    tot = sum(_cause_num(r) for r in waiting)
+    if tot > 0:
+        top3 = [r for r in sorted(waiting, key=_cause_num, reverse=True)[:3] if _cause_num(r) >= 0.01 * tot]
+        split = ", ".join(f"{short.get(r.cause, r.cause)} {_cause_num(r) / tot:.0%}" for r in top3)
+        out[f"{n}.idle_split"] = f"; waiting: {split}" if len(top3) > 1 else ""
 
 
 # ---------------------------------------------------------------- metrics files

@@ -160,15 +160,34 @@ class GapDistribution(Record, kw_only=True):
 
 
 class Gap(Record, kw_only=True):
-    """One idle gap (README "Gaps and their causes")."""
+    """One idle gap: one idle interval of the device, whatever falls inside it (README
+    "Causes and levers")."""
 
     start_ms: float  # from the trace start
     duration_ms: NonNegative = field(name="ms")
     kind: GapKind
-    cause: GapCause
-    host_call: str | None
+    cause: GapCause  # the piece holding the most time
+    #: every piece's attribution (sums to ms); defaults keep reports saved before issue 22 readable
+    parts_ms: dict[GapCause, NonNegative] = field(default_factory=dict)
+    host_call: str | None  # the host event that named the cause
+    host_stack: list[str] = field(default_factory=list)  # the host's chain of events, outermost first, shortened for display
     waited_on: str | None
     next: str
+
+
+class CauseRow(Record, kw_only=True):
+    """One cause of waiting in a phase (README "Causes and levers"): idle gaps with this cause
+    (for ``collective_wait``: the collective kernels' time beyond the fastest call of the same
+    collective and size, busy time)."""
+
+    cause: GapCause
+    external: bool  # not the step's own cost (cause table)
+    ms: NonNegative  # in the phase's gaps (collective_wait: in its collective kernels)
+    count: int  # gaps (collective_wait: calls waiting)
+    steps_ms: NonNegative | None  # in the phase's steps: their waits before and inside their GPU span; None without steps
+    per_step_ms: NonNegative | None  # steps_ms / steps
+    share: Share | None  # of the phase's own time (an external cause: of its window)
+    frame: str | None  # the host event (or collective) that holds most of it
 
 
 class Gaps(Record, kw_only=True):
@@ -241,6 +260,11 @@ class PhaseTimes(Record, kw_only=True):
     categories_ms: dict[Category, float]
     gaps: Gaps
     idle_by_cause_ms: dict[GapCause, NonNegative]
+    #: by time, largest first (defaults: reports saved before issue 22 still decode)
+    causes: list[CauseRow] = field(default_factory=list)
+    graph_step_share: Share | None = None  # steps whose GPU work was (partly) replayed from graph launches
+    collective_comm_ms: NonNegative = 0.0  # collective kernels: the fastest call of each collective and size, per call
+    collective_wait_ms: NonNegative = 0.0  # collective kernels: the time beyond it (waiting for peers)
     small_kernel_ms: float
     small_kernel_count: int
     h2d_ms: float
@@ -310,7 +334,9 @@ class Wait(Record, kw_only=True):
     start_ms: float
     duration_ms: NonNegative = field(name="ms")
     cause: GapCause
+    parts_ms: dict[GapCause, NonNegative] = field(default_factory=dict)
     host_call: str | None
+    host_stack: list[str] = field(default_factory=list)
     waited_on: str | None
 
 

@@ -22,6 +22,7 @@ from diagnose.analyzers import (
     activities,
     attainment,
     categories,
+    collectives,
     critpath,
     depgraph,
     kernels,
@@ -42,8 +43,8 @@ from diagnose.trace.model import Trace
 
 #: The analyzer modules, in the order :func:`analyze` runs them (categories and timeline are
 #: libraries the others call: phasestats and activities).
-ANALYZERS = (phases, launches, activities, waits, latency, attainment, tracetype, phasestats, kernels, critpath, timeline,
-             categories)
+ANALYZERS = (phases, launches, activities, waits, latency, attainment, tracetype, collectives, phasestats, kernels,
+             critpath, timeline, categories)
 
 __all__ = ["ANALYZERS", "Analysis", "AnalysisOptions", "Finding", "SCHEMA_VERSION", "analyze", "report_steps",
            "step_records"]
@@ -80,7 +81,8 @@ def analyze(trace: Trace, options: AnalysisOptions | None = None, capture: Captu
     steps = prep.steps
     kind = tracetype.classify_trace(trace, steps, acts.frame, prep.inputs.spec is not None, split.workload.code)
     notes.extend(kind.notes)
-    rows = phasestats.phase_rows(trace, acts.frame, steps, w, acts.devices, prep, acts.unreliable, kind.fragment_steps)
+    coll = collectives.collective_split(trace, acts.frame)
+    rows = phasestats.phase_rows(trace, acts.frame, steps, w, acts.devices, prep, acts.unreliable, kind.fragment_steps, coll)
     notes.extend(rows.notes)
     if rows.fragment_steps:  # a fragment's time is not a step's: TTFT/TPOT/ITL from the whole steps only
         lat = latency.latency_findings(steps.drop(index=sorted(rows.fragment_steps)), phasestats.TPOT_FRAGMENTS)

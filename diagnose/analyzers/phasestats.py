@@ -16,7 +16,10 @@ from diagnose.analyzers.attainment import NO_ATTAINMENT, AttainmentPrep, phase_a
 from diagnose.analyzers.base import Notes, declared
 from diagnose.analyzers.latency import union_ns
 from diagnose.analyzers.timeline import gap_distribution, union_busy_ns
-from diagnose.analyzers.waits import HostIndex, StepWaits, caused_gaps, idle_by_cause_ms, longest, outside_waits_ns
+from diagnose.analyzers.causerows import cause_rows
+from diagnose.analyzers.collectives import Collectives, phase_collectives
+from diagnose.analyzers.hostcause import HostCauses
+from diagnose.analyzers.waits import StepWaits, caused_gaps, idle_by_cause_ms, longest, outside_waits_ns
 from diagnose.model import Attainment, Device, Gaps, PhaseRow, PhaseTimes, TopKernel
 from diagnose.trace.model import NO_TIME, QualityIssue, Trace, per_unique
 from diagnose.vocab import CATEGORIES, STEP_PHASES
@@ -33,15 +36,17 @@ def _r(x: float | None, nd: int = 6) -> float | None:
 
 
 def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, wall_ns: int, unreliable: tuple[str, ...] = (),
-                attainment: Attainment | None = None, own_ns: int | None = None, host: HostIndex | None = None,
-                t0: int = 0,
-                outside: tuple[np.ndarray, np.ndarray] | None = None) -> PhaseRow:
+                attainment: Attainment | None = None, own_ns: int | None = None, host: HostCauses | None = None,
+                t0: int = 0, outside: tuple[np.ndarray, np.ndarray] | None = None, trace: Trace | None = None,
+                psteps: pd.DataFrame | None = None, coll: Collectives | None = None,
+                pre: tuple | None = None) -> PhaseRow:
     """Timeline, category, gap-cause and top-kernel numbers of one phase on one device
     (``sub``: its activities; ``host``: what the host did, for the gap causes; ``outside``:
     sorted start/end ns of the steps' ``outside_trace`` waits on this device: a queued gap
-    mostly inside one is ``outside_trace`` here too, so the two views agree)."""
-    gaps, cg, tids = caused_gaps(sub, host or HostIndex(), outside)
-    names = sub["name"].to_numpy(dtype=object)[gaps.order] if len(sub) else np.zeros(0, dtype=object)
+    mostly inside one is ``outside_trace`` here too, so the two views agree; ``psteps``: the
+    phase's steps, for the causes per step; ``coll``: the collectives' split, rows aligned
+    with the activity table ``sub`` was cut from; ``pre``: ``sub``'s gaps already explained)."""
+    gaps, cg, dacts = caused_gaps(sub, host, outside, pre)
     dur = (sub["end_ns"] - sub["start_ns"]).to_numpy()
     cat_id = sub["category_id"].to_numpy()
     # per category: sums exact in float64 below 2**53 ns (104 days)
@@ -78,9 +83,16 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
         all=gap_distribution(gaps.all_gaps_ns),
         ms_by_kind={k: round(v / 1e6, 6) for k, v in gaps.gap_ns_by_kind.items()},
         count_by_kind=dict(gaps.gap_count_by_kind),
-        longest=longest(cg, host, tids[cg.next_idx] if len(cg.next_idx) else tids[:0],
-                        names[cg.next_idx] if len(cg.next_idx) else names[:0], t0),
+        longest=longest(cg, dacts, host, trace, t0),
     )
+    pos = sub.index.to_numpy() if coll is not None else np.zeros(0, dtype=np.int64)
+    coll_comm, coll_wait, coll_calls, coll_top = phase_collectives(coll, pos) if coll is not None else (0, 0, 0, None)
+    if coll_wait and comm_exposed_ns:  # exposed communication holds the transfer, not the wait for peers
+        comm_exposed_ns = max(0, comm_exposed_ns - coll_wait)
+    causes = cause_rows(cg, gaps.window_ns, own_ns, psteps, (coll_wait, coll_calls, coll_top))
+    graph_share = None
+    if psteps is not None and len(psteps) and "graph_step" in psteps:
+        graph_share = round(float(psteps["graph_step"].to_numpy(dtype=bool).mean()), 6)
     times = PhaseTimes(
         name=name,
         device=device,
@@ -98,6 +110,10 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
         categories_ms=categories_ms,
         gaps=gap_info,
         idle_by_cause_ms=idle_by_cause_ms(cg),
+        causes=causes,
+        graph_step_share=graph_share,
+        collective_comm_ms=round(coll_comm / 1e6, 6),
+        collective_wait_ms=round(coll_wait / 1e6, 6),
         small_kernel_ms=round(float(dur[small].sum()) / 1e6, 6),
         small_kernel_count=int(small.sum()),
         h2d_ms=round(float(dur[h2d].sum()) / 1e6, 6),
@@ -127,13 +143,14 @@ class PhaseRows:
 
 
 def phase_rows(trace: Trace, activities: pd.DataFrame, steps: pd.DataFrame, waits: StepWaits, devices: list[Device],
-               prep: AttainmentPrep, unreliable: tuple[str, ...] = (), fragment_steps: tuple[int, ...] = ()) -> PhaseRows:
+               prep: AttainmentPrep, unreliable: tuple[str, ...] = (), fragment_steps: tuple[int, ...] = (),
+               coll: Collectives | None = None) -> PhaseRows:
     """One row for ``all`` per device, one per step phase present on it, and ``unknown`` for
     activity no step claims. ``steps``: the step table with every analyzer's columns;
     ``fragment_steps``: the steps the trace-type test found to hold part of a forward."""
     g = activities
     notes = Notes()
-    kw = {"host": waits.host, "t0": waits.t0_ns}
+    kw = {"host": waits.host, "t0": waits.t0_ns, "trace": trace, "coll": coll}
     graph_steps = prep.graph_steps
     devices_present = [d.id for d in devices]
     phases: list[PhaseRow] = []
@@ -144,7 +161,8 @@ def phase_rows(trace: Trace, activities: pd.DataFrame, steps: pd.DataFrame, wait
         dev_steps = steps if dev is None else steps[steps["device_activity_count"].apply(lambda m: dev in m)]
         kw["outside"] = outside_waits_ns(dev_steps, waits.t0_ns)
         all_wall = _all_wall_ns(sub_all, dev_steps) if (len(sub_all) or len(dev_steps)) else _cpu_span_ns(trace)
-        phases.append(phase_stats("all", dev, sub_all, len(steps), all_wall, unreliable, **kw))
+        phases.append(phase_stats("all", dev, sub_all, len(steps), all_wall, unreliable, psteps=dev_steps,
+                                  pre=waits.devices.get(dev), **kw))
         for p in phase_names:
             ps = steps[steps["phase"] == p] if dev is None else dev_steps[dev_steps["phase"] == p]
             pm = (sub_all["phase"] == p).to_numpy()
@@ -166,14 +184,26 @@ def phase_rows(trace: Trace, activities: pd.DataFrame, steps: pd.DataFrame, wait
             if att.achieved_tbps and att.peak_tbps and att.achieved_tbps > att.peak_tbps:
                 notes.note("bandwidth_above_peak", f"{p}: achieved {att.achieved_tbps:.2f} TB/s exceeds the device peak {att.peak_tbps:.2f} TB/s: wrong peak, wrong model config, or a timing without synchronisation (S7)")
             wall = union_ns(ps["start_ns"].to_numpy(), ps["start_ns"].to_numpy() + ps["wall_ns"].to_numpy())
-            phases.append(phase_stats(p, dev, sub, len(ps), wall, tuple(unrel), att, own_ns=int(ps["own_ns"].sum()), **kw))
+            phases.append(phase_stats(p, dev, sub, len(ps), wall, tuple(unrel), att, own_ns=int(ps["own_ns"].sum()), psteps=ps,
+                                      pre=_pre(waits, dev, p, len(sub), len(sub_all)), **kw))
         um = (sub_all["phase"] == "unknown").to_numpy()
         unk = sub_all[um]
         if len(unk):
             wall = int(unk["end_ns"].max() - unk["start_ns"].min())
             n_unknown = int((dev_steps["phase"] == "unknown").sum()) if len(dev_steps) else 0  # steps without a phase
-            phases.append(phase_stats("unknown", dev, unk, n_unknown, wall, **kw))
+            phases.append(phase_stats("unknown", dev, unk, n_unknown, wall, pre=_pre(waits, dev, "unknown", len(unk), len(sub_all)), **kw))
     return PhaseRows(phases, frozenset(frag_steps), tuple(notes.issues))
+
+
+def _pre(waits: StepWaits, dev: int | None, phase: str, n_sub: int, n_all: int) -> tuple | None:
+    """What the step waits already hold for a phase's activities on a device: all of them (the
+    device's gaps), their sorted table (its gaps to compute), or nothing."""
+    if dev is None:
+        return None
+    if n_sub == n_all and dev in waits.devices:
+        return waits.devices[dev]
+    pa = waits.phase_acts.get((dev, phase))
+    return None if pa is None else (pa, None)
 
 
 def _all_wall_ns(acts: pd.DataFrame, steps: pd.DataFrame) -> int:

@@ -86,7 +86,8 @@ class Analysis:
 
 
 #: Step-table columns only the analyzers use (not in the JSON report).
-_INTERNAL_STEP_COLUMNS = ("device_activity_count", "shape_bytes", "own_ns", "done_ns", "complete", "own_reliable")
+_INTERNAL_STEP_COLUMNS = ("device_activity_count", "shape_bytes", "own_ns", "done_ns", "complete", "own_reliable",
+                         "graph_step")
 
 
 def report_steps(steps: pd.DataFrame) -> pd.DataFrame:
@@ -134,7 +135,9 @@ def step_structs(steps: pd.DataFrame, paths: dict | None = None) -> list[Step]:
             if isinstance(v, float) and v.is_integer():
                 rec[k] = int(v)
         rec["waits"] = [Wait(where=w["where"], start_ms=w["start_ms"], duration_ms=w["ms"], cause=w["cause"],
-                             host_call=w["host_call"], waited_on=w["waited_on"]) for w in rec.get("waits") or []]
+                             parts_ms=w.get("parts_ms") or {w["cause"]: w["ms"]}, host_call=w.get("host_call"),
+                             host_stack=list(w.get("host_stack") or []), waited_on=w.get("waited_on"))
+                        for w in rec.get("waits") or []]
         out.append(Step(**rec))
     return out
 

@@ -28,7 +28,6 @@ import pandas as pd
 
 from diagnose.analyzers.base import Notes
 from diagnose.analyzers.stepphase import _is_int_list
-from diagnose.analyzers.waits import _cause_of, _cpu_ranges
 from diagnose.trace.kineto import parse_input_dims
 from diagnose.trace.model import QualityIssue, Trace, per_unique
 
@@ -57,28 +56,33 @@ def _graph_capture(trace: Trace, notes: Notes) -> None:
 
 
 def _cold_start(trace: Trace, notes: Notes) -> None:
+    from diagnose.analyzers.hostcause import name_test
+
     parts = []
     ov = getattr(trace, "overhead", None)
     if ov is not None and len(ov):
-        lazy = per_unique(ov["name"], lambda u: _cause_of(str(u), "overhead") == "cold_start")
+        lazy = per_unique(ov["name"], lambda u: name_test("lazy_loading", str(u), "overhead"))
         if lazy.any():
             ms = float((ov["end_ns"] - ov["start_ns"]).to_numpy()[lazy].sum()) / 1e6
             parts.append(f"lazy module loading {int(lazy.sum())}x, {ms:.3f} ms")
     rt = trace.runtime
     if len(rt):
-        cold = per_unique(rt["name"], lambda u: _cause_of(str(u), "runtime") == "cold_start")
+        cold = per_unique(rt["name"], lambda u: name_test("module_load", str(u), "runtime") or name_test("compile", str(u), "runtime"))
         if cold.any():
             ms = float((rt["end_ns"] - rt["start_ns"]).to_numpy()[cold].sum()) / 1e6
             parts.append(f"module loading / runtime compilation calls {int(cold.sum())}x, {ms:.3f} ms")
-    r = _cpu_ranges(trace)
-    if len(r):
-        comp = per_unique(r["name"], lambda u: _cause_of(str(u), "range") == "cold_start")
-        if comp.any():
-            ms = float((r["end_ns"] - r["start_ns"]).to_numpy()[comp].sum()) / 1e6
-            parts.append(f"compile ranges {int(comp.sum())}x, {ms:.3f} ms")
+    ann = trace.annotations
+    cpu_ann = ann[(ann["scope"] == "cpu").to_numpy()] if len(ann) else None
+    for what, f in (("range", trace.cpu_ops), ("range", cpu_ann), ("frame", trace.python_frames)):
+        if f is not None and len(f):
+            comp = per_unique(f["name"], lambda u, w=what: name_test("compile", str(u), w))
+            if comp.any():
+                ms = float((f["end_ns"] - f["start_ns"]).to_numpy()[comp].sum()) / 1e6
+                parts.append(f"compile {'ranges' if what == 'range' else 'frames'} {int(comp.sum())}x, {ms:.3f} ms")
     if parts:
         notes.note("cold_start", "first-iteration costs in the trace (" + "; ".join(parts) + "): timings include one-off "
-                 "costs; gaps they explain are attributed to them, not to launches. Profile a warmed-up iteration")
+                 "costs; gaps they explain are attributed to them (first_call_setup, cold_start), not to launches. "
+                 "Profile a warmed-up iteration")
 
 
 def _python_tracing(trace: Trace, notes: Notes) -> None:
