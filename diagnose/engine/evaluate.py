@@ -80,12 +80,22 @@ def severity_for_share(share: float) -> str:
     return "info"
 
 
-def _levers(r: Rule, findings: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """(levers recommended, notes on levers dropped because the evidence shows them in place)."""
+def cause_levers(cause: str | None) -> tuple[str, ...]:
+    """The levers of a rendered rule cause ``idle:<cause>`` (the cause table's), else ()."""
+    from diagnose.vocab import CAUSE_LEVERS
+
+    if not cause or not cause.startswith("idle:"):
+        return ()
+    return CAUSE_LEVERS.get(cause[len("idle:"):], ())
+
+
+def _levers(r: Rule, findings: Mapping[str, Any], cause: str | None = None) -> tuple[list[str], list[str]]:
+    """(levers recommended: the rule's cause's from the cause table, then the rule's own;
+    notes on levers dropped because the evidence shows them in place)."""
     from diagnose.engine.condition import eval_condition as _evc, names_in
 
     keep, notes = [], []
-    for name in r.recommends:
+    for name in dict.fromkeys((*cause_levers(cause), *r.recommends)):
         lv = LEVERS[name]
         if lv.present_when:
             tree = _present_tree(lv.present_when)
@@ -241,7 +251,7 @@ def _entry(r: Rule, head: dict[str, Any], vals: dict[str, Any], findings: Mappin
         if r.headline:
             entry["headline"] = render_template(r.headline, template_vals)
         _rank_time(entry, r, ev_findings, findings, savings)
-        keep, notes = _levers(r, findings)
+        keep, notes = _levers(r, findings, entry.get("cause"))
         entry["recommends"] = keep
         if notes:
             entry["already_in_place"] = notes

@@ -123,7 +123,7 @@ def _check_template(template: str, allowed: set[str], where: str, what: str = "s
             raise RuleError(f"{where}: {what} field {fname!r}: conversions (!r/!s/!a) are not allowed")
         if spec and ("{" in spec or "}" in spec):
             raise RuleError(f"{where}: {what} field {fname!r}: nested format fields are not allowed")
-        if spec:
+        if spec and spec != "ms":
             ok = False
             for probe in (0.5, 1):
                 try:
@@ -136,7 +136,8 @@ def _check_template(template: str, allowed: set[str], where: str, what: str = "s
 
 
 def render_template(template: str, values: Mapping[str, Any]) -> str:
-    """Fill ``{name[:spec]}`` fields with numbers (dotted finding names taken literally; None -> "n/a")."""
+    """Fill ``{name[:spec]}`` fields with numbers (dotted finding names taken literally; None ->
+    "n/a"); the spec ``ms`` formats a duration with :func:`diagnose.numeric.fmt_ms`."""
     out = []
     for lit, fname, spec, _ in string.Formatter().parse(template):
         out.append(lit)
@@ -145,6 +146,11 @@ def render_template(template: str, values: Mapping[str, Any]) -> str:
         v = values.get(fname)
         if v is None:
             out.append("n/a")
+            continue
+        if spec == "ms" and isinstance(v, (int, float)):
+            from diagnose.numeric import fmt_ms
+
+            out.append(fmt_ms(float(v)))
             continue
         try:
             out.append(format(v, spec or ""))
@@ -217,7 +223,7 @@ def rule_from_dict(data: Any, where: str, expected_id: str | None = None, valida
 
     for lever in data.get("recommends") or ():
         if lever not in LEVERS:
-            raise RuleError(f"{where}: recommends {lever!r}, not a lever of diagnose/vocab.py ({', '.join(LEVERS)})")
+            raise RuleError(f"{where}: recommends {lever!r}, not a lever of diagnose/data/causes.yaml ({', '.join(LEVERS)})")
     for code in data.get("not_on") or ():
         if code not in QUALITY_CODES:
             raise RuleError(f"{where}: not_on {code!r} is not a quality code of diagnose/vocab.py")
