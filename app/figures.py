@@ -510,21 +510,20 @@ def banner_data(report: Mapping) -> dict:
 
 
 def waits_data(report: Mapping, device: int | None = None) -> dict:
-    """Where the GPU waited on ``device``: idle ms by cause and the longest gaps.
+    """Where the GPU waited on ``device``: idle ms by cause and the longest gaps, one row per
+    gap (:mod:`diagnose.app.causeview`).
 
     Returns:
-        {"idle_ms", "by_cause_text", "rows": [{start_text, ms_text, cause, host_call, next}]}.
+        {"idle_ms", "by_cause_text", "causes": causeview.cause_rows, "rows": causeview.gap_rows}.
     """
-    from diagnose.vocab import GAP_CAUSE_LABELS
+    from diagnose.app.causeview import cause_rows, gap_rows
 
     a = phases_for_device(report, device).get("all") or {}
     by = a.get("idle_by_cause_ms") or {}
-    rows = [{"start_text": fmt_value(g.get("start_ms"), "ms"), "ms_text": fmt_value(g.get("ms"), "ms"),
-             "cause": (g.get("cause") or "") + (f" (after {g['waited_on']})" if g.get("waited_on") else ""),
-             "host_call": g.get("host_call") or "—", "next": str(g.get("next") or "")[:100]}
-            for g in (a.get("gaps") or {}).get("longest") or []]
-    text = "; ".join(f"{c} {fmt_value(v, 'ms')} ({GAP_CAUSE_LABELS.get(c, c)})" for c, v in sorted(by.items(), key=lambda kv: -kv[1]))
-    return {"idle_ms": sum(by.values()) if by else None, "by_cause_text": text, "rows": rows}
+    causes = cause_rows(by)
+    text = "; ".join(f"{c['cause']} {c['ms_text']} ({c['label']})" for c in causes)
+    return {"idle_ms": sum(by.values()) if by else None, "by_cause_text": text, "causes": causes,
+            "rows": gap_rows((a.get("gaps") or {}).get("longest") or [])}
 
 
 def kernel_table_rows(report: Mapping, limit: int = 20) -> list[dict]:

@@ -34,6 +34,7 @@ h1 { font-size: 1.4em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #eee; 
 .card { border: 1px solid #ddd; border-left: 6px solid #999; border-radius: 6px; padding: 0.6em 1em; margin: 0.8em 0; }
 .card h3 { margin: 0.2em 0; font-size: 1.05em; } .card dt { font-weight: 600; margin-top: 0.4em; } .card dd { margin-left: 1em; }
 .sev { display: inline-block; padding: 0 0.5em; border-radius: 4px; color: white; font-size: 0.8em; margin-right: 0.5em; }
+.cause { display: inline-block; padding: 0 0.4em; border-radius: 4px; color: #111; font-size: 0.85em; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em 0; font-size: 0.92em; }
 th, td { border: 1px solid #ddd; padding: 0.3em 0.7em; text-align: left; vertical-align: top; }
 th { background: #f5f5f5; } .na { color: #888; } .why { color: #888; font-size: 0.8em; display: block; max-width: 28em; }

@@ -75,6 +75,7 @@ body { font-family: -apple-system, BlinkMacSystemFont, "Segoe UI", Roboto, sans-
 .dg-card dt { font-weight: 600; margin-top: 0.4em; }
 .dg-card dd { margin-left: 1em; }
 .dg-sev { display: inline-block; padding: 0 0.5em; border-radius: 4px; color: white; font-size: 0.8em; margin-right: 0.5em; }
+.dg-cause { display: inline-block; padding: 0 0.4em; border-radius: 4px; color: #111; font-size: 0.85em; }
 table.dg-table { border-collapse: collapse; margin: 0.5em 0 1.5em 0; font-size: 0.92em; }
 table.dg-table th, table.dg-table td { border: 1px solid #ddd; padding: 0.3em 0.7em; text-align: left; vertical-align: top; }
 table.dg-table th { background: #f5f5f5; }
@@ -319,9 +320,14 @@ def waits_section(report: Mapping) -> list[Any]:
         if not w["rows"]:
             continue
         out.append(html.H3(f"Where the GPU waited (GPU {d}): idle {F.fmt_value(w['idle_ms'], 'ms')}"))
-        out.append(html.P(w["by_cause_text"], className="dg-muted"))
-        out.append(_table(["start (ms from trace start)", "idle", "cause", "the host was in", "next on the GPU"],
-                          [[r["start_text"], r["ms_text"], r["cause"], r["host_call"], r["next"]] for r in w["rows"]],
+        out.append(html.Ul([html.Li([html.Span(c["cause"], className="dg-cause", style={"background": c["color"]}),
+                                     f" {c['ms_text']}: {c['label']}",
+                                     html.Span(f" — {c['levers_text']}" if c["levers_text"] else "", className="dg-muted")])
+                            for c in w["causes"]], id=f"causes-{d}", className="dg-causes"))
+        out.append(_table(["start (ms from trace start)", "idle", "cause", "pieces", "the host was in", "host stack", "next on the GPU"],
+                          [[r["start_text"], r["ms_text"],
+                            html.Span(r["cause"], className="dg-cause", style={"background": r["color"]}),
+                            r["parts_text"], r["host_call"], r["stack_text"], r["next"]] for r in w["rows"]],
                           id=f"longest-gaps-{d}"))
     return out
 
@@ -367,11 +373,11 @@ def timeline_page(entry: TraceEntry, max_points: int = 20000) -> html.Div:
     fig = timeline_figure(entry.timeline, max_points=max_points)
     return html.Div([
         html.H2("GPU timeline"),
-        html.P("One row per device:stream; the idle row shows gaps on the device (all streams merged): red = launch "
-               "gap (the GPU waited for the host), grey = other idle. The top row shows steps coloured by phase; the "
-               "host row what the host was doing: step markers, and runtime calls of 20 µs or more (blocking calls "
-               "in red), so a gap lines up with the call it waited on. Drag to zoom: the zoomed range is re-rendered "
-               "in full detail; double-click to reset.", className="dg-muted"),
+        html.P("One row per device:stream; the idle row shows each gap on the device (all streams merged) in the "
+               "colour of its cause (the legend; the same colours as the overview's list). The top row shows steps "
+               "coloured by phase; the host row what the host was doing: step markers, and runtime calls of 20 µs or "
+               "more (blocking calls in the host_blocked colour), so a gap lines up with the call it waited on. Drag "
+               "to zoom: the zoomed range is re-rendered in full detail; double-click to reset.", className="dg-muted"),
         dcc.Loading(_graph("timeline-graph", fig), type="default"),
     ])
 

@@ -3,21 +3,20 @@
 Drawing model (why it stays responsive at 1,000,000 kernels):
 
 * Every drawn bar is a horizontal line segment ``(x0, y) -> (x1, y)`` of a ``go.Scatter``
-  trace, segments separated by NaN. One trace per kernel category / gap kind / phase, never
+  trace, segments separated by NaN. One trace per kernel category / gap cause / phase, never
   one per activity, and no layout shapes except a handful of phase shadings.
 * When more than ``max_points`` elements would be drawn in the visible range, activities are
   binned by pixel-sized time bins (numpy ``bincount`` on a difference array): a bin is busy
   when any activity of the stream overlaps it; runs of busy bins become one block, coloured
   by its dominant category (by kernel time). Idle gaps are binned the same way per device:
-  each bin gets its exact idle ns by gap kind (cumulative-sum over the disjoint gaps), and
-  runs of bins with the same dominant kind and at least ``MIN_IDLE_SHARE`` idle become one
+  each bin gets its exact idle ns by gap cause (cumulative-sum over the disjoint gaps), and
+  runs of bins with the same dominant cause and at least ``MIN_IDLE_SHARE`` idle become one
   block. The total number of drawn elements is at most ``max_points``.
 * Zoomed (``x_range`` given) and below the budget, every activity and every gap is drawn.
 
-Gap definitions are the ones of :mod:`diagnose.analyzers.timeline` (per device, all streams
-merged): a gap before activity *k* is a **launch** gap when *k*'s host launch call ended
-after the GPU finished everything before it, a **graph** gap inside one graph replay, an
-**unattributed** gap when *k* has no linked launch call, else **other**.
+Gaps and their causes are the analyzer's (:mod:`diagnose.analyzers.waits`: one bar per idle
+interval of a device, all streams merged), each drawn in its cause's colour from the cause
+table (``diagnose/data/causes.yaml``), the colour every other view uses.
 
 Time axis: milliseconds since the first GPU activity of the trace (``t0_ns`` in
 ``fig.layout.meta``).
@@ -33,9 +32,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from diagnose.analyzers.timeline import classify_gaps
-from diagnose.trace.model import NO_TIME
-from diagnose.vocab import CATEGORY_COLORS, GAP_COLORS, GAP_KINDS, GAP_LABELS, PHASE_COLORS  # noqa: F401 (re-exported)
+from diagnose.vocab import CATEGORY_COLORS, CAUSE_COLORS, GAP_CAUSE_TABLE, GAP_CAUSES, PHASE_COLORS  # noqa: F401 (re-exported)
 
 #: Bins (≈ pixels) across the visible range when aggregating.
 MAX_BINS = 1600
@@ -67,7 +64,7 @@ class TimelineData:
         act_src: per activity, its row position in the source frame (names/kinds are looked
             up lazily there, only for what is drawn in detail).
         names, kinds: the source frame's ``name`` and ``kind`` columns.
-        gap_row, gap_start, gap_end, gap_kind: per idle gap; ``gap_kind`` indexes GAP_KINDS.
+        gap_row, gap_start, gap_end, gap_cause: per idle gap; ``gap_cause`` indexes GAP_CAUSES.
         gap_next: source-frame position of the activity after each gap.
         step_start, step_end, step_phase, step_label: steps with a GPU range.
         phases: phase names indexed by ``step_phase``.
@@ -86,7 +83,7 @@ class TimelineData:
     gap_row: np.ndarray
     gap_start: np.ndarray
     gap_end: np.ndarray
-    gap_kind: np.ndarray
+    gap_cause: np.ndarray
     gap_next: np.ndarray
     step_start: np.ndarray
     step_end: np.ndarray
@@ -114,26 +111,26 @@ class TimelineData:
         return max(ends) if ends else 0
 
 
-def _device_gaps(s: np.ndarray, e: np.ndarray, le: np.ndarray, lk: np.ndarray, gf: np.ndarray,
-                 tids: np.ndarray | None = None, host: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Gaps of one device (inputs sorted by (start, end)): the analyzer's own classification,
-    including its gap causes when ``host`` (a :class:`diagnose.analyzers.waits.HostIndex`) is
-    given (a launch-late gap explained by a blocking call or the profiler is not a launch gap).
+def _device_gaps(acts: pd.DataFrame, host: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Gaps of one device's activities (``acts``, any order) as the analyzer finds them: start,
+    end (absolute ns), cause code (GAP_CAUSES) and the position in ``acts`` of the activity
+    after each gap. ``host``: the analysis's host causes (None: launch times only)."""
+    from diagnose.analyzers.gapcause import DeviceActs
+    from diagnose.analyzers.waits import device_gaps
 
-    ``le``: launch-call end (same origin as ``s``), meaningful where ``lk`` (launch known).
-    """
-    gs, ge, gk, gi = classify_gaps(s, e, np.where(lk, le, NO_TIME), gf)
-    if host is not None and tids is not None and len(gs):
-        from diagnose.analyzers.waits import _CAUSE_ID, attribute
+    d = DeviceActs.of(acts)
+    g = device_gaps(d, host)
+    return g.start, g.end, g.cause.astype(np.int16), d.pos[g.next_idx]
 
-        cause, _ = attribute(gs, ge, gk, tids[gi], host, np.where(lk, le, NO_TIME)[gi])
-        move = (gk == GAP_KINDS.index("launch")) & (cause != _CAUSE_ID["launch"])
-        gk = np.where(move, GAP_KINDS.index("other"), gk).astype(np.int8)
-    return gs, ge, gk, gi
+
+#: Each cause's legend entry: its name and short text (the cause table's).
+CAUSE_LEGEND = {c.name: f"{c.name}: {c.short}" for c in GAP_CAUSE_TABLE}
+#: The blocking-call colour of the host lane: the host_blocked cause's.
+BLOCKED_COLOR = CAUSE_COLORS["host_blocked"]
 
 
 HOST_KINDS = ("step marker", "runtime call", "blocking call")
-HOST_COLORS = ("#37474f", "#90a4ae", "#c62828")
+HOST_COLORS = ("#37474f", "#90a4ae", BLOCKED_COLOR)
 #: Runtime calls shorter than this are not drawn on the host lane (launches take ~5-10 µs).
 HOST_MIN_CALL_NS = 20_000
 HOST_MAX_CALLS = 20_000
@@ -177,8 +174,8 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
         report: ``Analysis.to_dict()``; its ``steps`` give the phase bands.
         host: :func:`host_lane` of the trace: drawn on a "host" row under the steps, so a gap
             on the GPU lines up with what the host was doing (a blocking call, a marker).
-        host_index: the analysis's :class:`~diagnose.analyzers.waits.HostIndex` (the gap
-            causes), so the drawn gap kinds are the report's; None: kinds from launch times only.
+        host_index: the analysis's :class:`~diagnose.analyzers.hostcause.HostCauses`, so the
+            drawn gap causes are the report's; None: causes from launch times only.
         path: the critical-path lane (:func:`diagnose.app.pathlane.path_lane`): drawn on a
             "critical path" row, its longest segments highlighted.
 
@@ -211,7 +208,7 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
         categories: list[str] = []
         act = dict(row=np.zeros(0, dtype=np.int32), start=empty_i, end=empty_i, cat=np.zeros(0, dtype=np.int16),
                    src=empty_i)
-        gaps = dict(row=np.zeros(0, dtype=np.int32), start=empty_i, end=empty_i, kind=np.zeros(0, dtype=np.int8),
+        gaps = dict(row=np.zeros(0, dtype=np.int32), start=empty_i, end=empty_i, cause=np.zeros(0, dtype=np.int16),
                     next=empty_i)
     else:
         dev = acts["device"].to_numpy(dtype=np.int64)
@@ -221,13 +218,6 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
         cat_col = acts["category"] if "category" in acts else pd.Series(["other"] * n)
         cat_codes, cat_uniques = pd.factorize(cat_col)  # fast on arrow-backed strings
         categories = [str(c) for c in cat_uniques]
-        le = acts["launch_end_ns"].to_numpy(dtype=np.int64) if "launch_end_ns" in acts else np.full(n, NO_TIME, dtype=np.int64)
-        lk = le != NO_TIME  # launch call known
-        if "clock_skewed" in acts:
-            lk &= ~acts["clock_skewed"].to_numpy(dtype=bool)
-        le = np.where(lk, le - t0, 0)  # same origin as start/end
-        tids_all = acts["launch_tid"].to_numpy() if "launch_tid" in acts else None
-        gf = acts["graph_followup"].to_numpy(dtype=bool) if "graph_followup" in acts else np.zeros(n, dtype=bool)
 
         # Rows: per device its streams (sorted), then the device's idle row.
         smin = int(stream.min())
@@ -251,7 +241,7 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
         act = dict(row=row[order], start=start[order], end=end[order], cat=cat_codes[order].astype(np.int16),
                    src=order)
 
-        gaps = _gap_rows(device_gap_rows, dev, start, end, le, lk, gf, tids_all, host_index, t0)
+        gaps = _gap_rows(acts, device_gap_rows, dev, host_index, t0)
 
     phases, sp, labels = _step_lanes(step_rows)
     return TimelineData(
@@ -262,7 +252,7 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
         act_src=act["src"],
         names=acts["name"] if n else pd.Series([], dtype=object),
         kinds=acts["kind"] if n and "kind" in acts else pd.Series(["kernel"] * n, dtype=object),
-        gap_row=gaps["row"], gap_start=gaps["start"], gap_end=gaps["end"], gap_kind=gaps["kind"],
+        gap_row=gaps["row"], gap_start=gaps["start"], gap_end=gaps["end"], gap_cause=gaps["cause"],
         gap_next=gaps["next"],
         step_start=np.array([int(s["gpu_start_ns"]) - t0 for s in step_rows], dtype=np.int64),
         step_end=np.array([int(s["gpu_end_ns"]) - t0 for s in step_rows], dtype=np.int64),
@@ -280,27 +270,20 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
     )
 
 
-def _gap_rows(device_gap_rows: dict[int, int], dev: np.ndarray, start: np.ndarray, end: np.ndarray, le: np.ndarray,
-              lk: np.ndarray, gf: np.ndarray, tids_all: np.ndarray | None, host_index, t0: int) -> dict[str, np.ndarray]:
+def _gap_rows(acts: pd.DataFrame, device_gap_rows: dict[int, int], dev: np.ndarray, host_index, t0: int) -> dict[str, np.ndarray]:
     """The idle gaps of each device (times from ``t0``), on the device's idle row: row, start,
-    end, kind and the activity after each gap."""
-    g_rows, g_s, g_e, g_k, g_next = [], [], [], [], []
+    end, cause and the activity after each gap: one bar per idle interval, as the report."""
+    g_rows, g_s, g_e, g_c, g_next = [], [], [], [], []
     for d, grow in device_gap_rows.items():
         m = np.nonzero(dev == d)[0] if len(device_gap_rows) > 1 else np.arange(len(dev))
-        o = m[np.lexsort((end[m], start[m]))]
-        if host_index is not None:  # causes need absolute times: shift back by t0
-            gs, ge, gk, gi = _device_gaps(start[o] + t0, end[o] + t0, le[o] + t0, lk[o], gf[o],
-                                          tids_all[o] if tids_all is not None else None, host_index)
-            gs, ge = gs - t0, ge - t0
-        else:
-            gs, ge, gk, gi = _device_gaps(start[o], end[o], le[o], lk[o], gf[o])
+        gs, ge, gc, gi = _device_gaps(acts.iloc[m], host_index)
         g_rows.append(np.full(len(gs), grow, dtype=np.int32))
-        g_s.append(gs)
-        g_e.append(ge)
-        g_k.append(gk)
-        g_next.append(o[gi])
+        g_s.append(gs - t0)
+        g_e.append(ge - t0)
+        g_c.append(gc)
+        g_next.append(m[gi])
     return dict(row=np.concatenate(g_rows), start=np.concatenate(g_s), end=np.concatenate(g_e),
-                kind=np.concatenate(g_k), next=np.concatenate(g_next))
+                cause=np.concatenate(g_c), next=np.concatenate(g_next))
 
 
 def _step_lanes(step_rows: list) -> tuple[list[str], list[int], list[str]]:
@@ -669,7 +652,7 @@ def _host_traces(td: TimelineData, lo: int, hi: int, max_points: int) -> tuple[l
 
 
 def _detail_traces(td: TimelineData, ai: np.ndarray, gi: np.ndarray) -> tuple[list, int]:
-    """Every visible activity (per category) and gap (per kind) as its own segment."""
+    """Every visible activity (per category) and gap (per cause, in its colour) as its own segment."""
     traces: list = []
     drawn = 0
     for c, cname in enumerate(td.categories):
@@ -683,21 +666,21 @@ def _detail_traces(td: TimelineData, ai: np.ndarray, gi: np.ndarray) -> tuple[li
         traces.append(_seg_trace(cname, category_color(cname), td.act_start[sel] / 1e6, td.act_end[sel] / 1e6,
                                  td.act_row[sel], txt, legendgroup="cat:" + cname))
         drawn += len(sel)
-    for k, kname in enumerate(GAP_KINDS):
-        sel = gi[td.gap_kind[gi] == k]
+    for k, cname in enumerate(GAP_CAUSES):
+        sel = gi[td.gap_cause[gi] == k]
         if len(sel) == 0:
             continue
-        txt = [f"{kname} gap {_fmt_us(d)}<br>before {str(nx)[:100]}" for nx, d in
+        txt = [f"{cname} gap {_fmt_us(d)}<br>before {str(nx)[:100]}" for nx, d in
                zip(td.names.iloc[td.gap_next[sel]].tolist(), (td.gap_end[sel] - td.gap_start[sel]).tolist())]
-        traces.append(_seg_trace(GAP_LABELS[kname], GAP_COLORS[kname], td.gap_start[sel] / 1e6,
-                                 td.gap_end[sel] / 1e6, td.gap_row[sel], txt, legendgroup="gap:" + kname))
+        traces.append(_seg_trace(CAUSE_LEGEND[cname], CAUSE_COLORS[cname], td.gap_start[sel] / 1e6,
+                                 td.gap_end[sel] / 1e6, td.gap_row[sel], txt, legendgroup="gap:" + cname))
         drawn += len(sel)
     return traces, drawn
 
 
 def _aggregated_traces(td: TimelineData, ai: np.ndarray, gi: np.ndarray, lo: int, hi: int, budget: int) -> tuple[list, int, int]:
     """Activities merged into pixel-sized blocks coloured by their dominant category, and idle
-    runs per gap row (launch-bound or not): (traces, elements drawn, bins per row)."""
+    runs per gap row coloured by their dominant cause: (traces, elements drawn, bins per row)."""
     traces: list = []
     drawn = 0
     n_rows = len(td.rows)
@@ -720,41 +703,47 @@ def _aggregated_traces(td: TimelineData, ai: np.ndarray, gi: np.ndarray, lo: int
                                      legendgroup="cat:" + cname))
             drawn += int(m.sum())
     if n_gvis:
-        edges = lo + (hi - lo) * np.arange(n_bins + 1, dtype=np.float64) / n_bins
-        binw = (hi - lo) / n_bins
-        for grow in sorted(set(td.device_gap_rows.values())):
-            g = gi[td.gap_row[gi] == grow]
-            if len(g) == 0:
-                continue
-            idle = np.zeros((len(GAP_KINDS), n_bins))
-            for k in range(len(GAP_KINDS)):
-                gk = g[td.gap_kind[g] == k]
-                idle[k] = _idle_by_bin(td.gap_start[gk].astype(np.float64), td.gap_end[gk].astype(np.float64), edges)
-            total = idle.sum(axis=0)
-            launch = idle[GAP_KINDS.index("launch")]
-            show = total >= MIN_IDLE_SHARE * binw
-            cls = np.where(show, np.where(launch >= total - launch, 1, 2), 0)  # 1 launch, 2 other idle
-            change = np.concatenate(([True], cls[1:] != cls[:-1]))
-            first = np.nonzero(change)[0]
-            run_cls = cls[first]
-            run_end = np.append(first[1:], n_bins)
-            tot_run = np.add.reduceat(total, first)
-            la_run = np.add.reduceat(launch, first)
-            for c, kname in ((1, "launch"), (2, "other")):
-                m = run_cls == c
-                if not m.any():
-                    continue
-                x0 = edges[first[m]]
-                x1 = edges[run_end[m]]
-                ln = x1 - x0
-                txt = [f"idle {t / l:.0%} of this span ({_fmt_us(t)} in {_fmt_us(l)}), launch gaps {la / l:.0%}"
-                       for t, la, l in zip(tot_run[m].tolist(), la_run[m].tolist(), ln.tolist())]
-                label = GAP_LABELS["launch"] if c == 1 else "idle (not launch-bound)"
-                traces.append(_seg_trace(label, GAP_COLORS[kname], x0 / 1e6, x1 / 1e6,
-                                         np.full(int(m.sum()), grow), txt, legendgroup="gap:" + kname))
-                drawn += int(m.sum())
-
+        t2, d2 = _idle_runs(td, gi, lo, hi, n_bins)
+        traces += t2
+        drawn += d2
     return traces, drawn, n_bins
+
+
+def _idle_runs(td: TimelineData, gi: np.ndarray, lo: int, hi: int, n_bins: int) -> tuple[list, int]:
+    """Per device idle row: runs of pixel bins with the same dominant gap cause (each bin's
+    exact idle ns by cause) and at least ``MIN_IDLE_SHARE`` idle, in that cause's colour."""
+    traces: list = []
+    drawn = 0
+    edges = lo + (hi - lo) * np.arange(n_bins + 1, dtype=np.float64) / n_bins
+    binw = (hi - lo) / n_bins
+    for grow in sorted(set(td.device_gap_rows.values())):
+        g = gi[td.gap_row[gi] == grow]
+        if len(g) == 0:
+            continue
+        present = np.unique(td.gap_cause[g])
+        idle = np.zeros((len(present), n_bins))
+        for r, k in enumerate(present.tolist()):
+            gk = g[td.gap_cause[g] == k]
+            idle[r] = _idle_by_bin(td.gap_start[gk].astype(np.float64), td.gap_end[gk].astype(np.float64), edges)
+        total = idle.sum(axis=0)
+        show = total >= MIN_IDLE_SHARE * binw
+        dom = np.where(show, present[np.argmax(idle, axis=0)], -1)  # the dominant cause per bin
+        first = np.nonzero(np.concatenate(([True], dom[1:] != dom[:-1])))[0]
+        run_c = dom[first]
+        run_end = np.append(first[1:], n_bins)
+        tot_run = np.add.reduceat(total, first)
+        for k in np.unique(run_c[run_c >= 0]).tolist():
+            cname = GAP_CAUSES[k]
+            m = run_c == k
+            x0 = edges[first[m]]
+            x1 = edges[run_end[m]]
+            dom_run = np.add.reduceat(idle[int(np.flatnonzero(present == k)[0])], first)[m]
+            txt = [f"idle {t / l:.0%} of this span ({_fmt_us(t)} in {_fmt_us(l)}), mostly {cname} ({dt / t:.0%})"
+                   for t, dt, l in zip(tot_run[m].tolist(), dom_run.tolist(), (x1 - x0).tolist())]
+            traces.append(_seg_trace(CAUSE_LEGEND[cname], CAUSE_COLORS[cname], x0 / 1e6, x1 / 1e6,
+                                     np.full(int(m.sum()), grow), txt, legendgroup="gap:" + cname))
+            drawn += int(m.sum())
+    return traces, drawn
 
 
 def figure_drawn_elements(fig: go.Figure) -> int:

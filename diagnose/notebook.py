@@ -98,38 +98,48 @@ class Report:
 
     @cached_property
     def gaps(self) -> pd.DataFrame:
-        """Every idle gap on every device: device, start_ms (from the trace start), ms, kind,
-        cause, host_call (for the :data:`MAX_NAMED_GAPS` longest), next (the activity after it)."""
-        from diagnose.analyzers.waits import HostIndex, caused_gaps, host_call, outside_waits_ns, waited_on
+        """Every idle gap on every device, one row per idle interval: device, start_ms (from
+        the trace start), ms, kind, cause, host_call (the host event that named its cause; for
+        a queued gap among the :data:`MAX_NAMED_GAPS` longest, the call the host sat in),
+        host_stack and waited_on (the :data:`MAX_NAMED_GAPS` longest), next (the activity after
+        it), then ``<cause>_ms`` per cause with time: every piece's attribution."""
+        from diagnose.analyzers.hostcause import HostCauses
+        from diagnose.analyzers.waits import caused_gaps, describe, outside_waits_ns
         from diagnose.vocab import GAP_CAUSES, GAP_KINDS
 
         g = self.analysis.activities
-        cols = ["device", "start_ms", "ms", "kind", "cause", "host_call", "waited_on", "next"]
+        cols = ["device", "start_ms", "ms", "kind", "cause", "host_call", "host_stack", "waited_on", "next"]
         if g is None or len(g) == 0:
             return pd.DataFrame(columns=cols)
-        host = self.analysis.host_index or HostIndex.build(self.analysis.trace)
+        host = self.analysis.host_index or HostCauses.build(self.analysis.trace, g, self.analysis.steps, {})
         t0 = int(self.analysis.t0_ns or 0)
         outside = outside_waits_ns(self.analysis.steps, t0)
         parts = []
         for dev in sorted(g["device"].unique()):
-            m = (g["device"] == dev).to_numpy()
-            sub = g[m]
-            st, cg, tids = caused_gaps(sub, host, outside)
-            if len(st.gap_start) == 0:
+            sub = g[(g["device"] == dev).to_numpy()]
+            st, cg, d = caused_gaps(sub, host, outside)
+            if len(cg.start) == 0:
                 continue
-            names = sub["name"].to_numpy(dtype=object)[st.order]
-            cause = cg.cause
-            dur = st.gap_end - st.gap_start
-            named = np.zeros(len(dur), dtype=bool)
-            named[np.argsort(-dur, kind="stable")[:MAX_NAMED_GAPS]] = True
-            calls = [host_call(cg, j, host, tids[st.gap_next]) if named[j] else None for j in range(len(dur))]
-            waited = [waited_on(cg, j, host, tids[st.gap_next]) if named[j] else None for j in range(len(dur))]
-            parts.append(pd.DataFrame({
-                "device": int(dev), "start_ms": (st.gap_start - t0) / 1e6, "ms": dur / 1e6,
+            dur = cg.end - cg.start
+            calls = np.full(len(dur), None, dtype=object)
+            nm = cg.named
+            own = nm[nm["c"].to_numpy() == cg.cause[nm["q"].to_numpy()].astype(np.int64)]
+            calls[own["q"].to_numpy(dtype=np.int64)] = own["name"].to_numpy(dtype=object)
+            stacks = np.full(len(dur), None, dtype=object)
+            waited = np.full(len(dur), None, dtype=object)
+            top = np.argsort(-dur, kind="stable")[:MAX_NAMED_GAPS]
+            for j, info in zip(top.tolist(), describe(cg, d, host, self.analysis.trace, top)):
+                calls[j], stacks[j], waited[j] = info["host_call"], info["host_stack"], info["waited_on"]
+            frame = pd.DataFrame({
+                "device": int(dev), "start_ms": (cg.start - t0) / 1e6, "ms": dur / 1e6,
                 "kind": np.asarray(GAP_KINDS, dtype=object)[st.gap_kind.astype(np.int64)],
-                "cause": np.asarray(GAP_CAUSES, dtype=object)[cause.astype(np.int64)],
-                "host_call": calls, "waited_on": waited, "next": names[st.gap_next]}))
-        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+                "cause": np.asarray(GAP_CAUSES, dtype=object)[cg.cause.astype(np.int64)],
+                "host_call": calls, "host_stack": stacks, "waited_on": waited, "next": d.names[cg.next_idx]})
+            for i, c in enumerate(GAP_CAUSES):
+                if cg.parts[:, i].any():
+                    frame[f"{c}_ms"] = cg.parts[:, i] / 1e6
+            parts.append(frame)
+        return pd.concat(parts, ignore_index=True).fillna({f"{c}_ms": 0.0 for c in GAP_CAUSES}) if parts else pd.DataFrame(columns=cols)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON report."""

@@ -18,7 +18,7 @@ from diagnose.analyzers import Analysis
 from diagnose.hardware import describe_devices, describe_peak
 from diagnose.report import fmt
 from diagnose.textsafe import safe
-from diagnose.vocab import GAP_CAUSE_LABELS, SEVERITY_STYLES
+from diagnose.vocab import CAUSE_COLORS, GAP_CAUSE_LABELS, SEVERITY_STYLES
 
 
 def _console(console: Console | None) -> Console:
@@ -196,14 +196,19 @@ def _render_waits(c: Console, d: dict[str, Any]) -> None:
         total = sum(by.values())
         if total <= 0:
             continue
-        parts = ", ".join(f"{k} {v:.3f} ms" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
-        c.print(Text(f"Where the GPU waited (device {p['device']}, idle {total:.3f} ms): {parts}", style="bold"))
+        head = Text(f"Where the GPU waited (device {p['device']}, idle {total:.3f} ms): ", style="bold")
+        for i, (k, v) in enumerate(sorted(by.items(), key=lambda kv: -kv[1])):
+            head.append(", " if i else "")
+            head.append(f"{k} {v:.3f} ms", style=_cause_style(k))
+        c.print(head)
         t = Table(header_style="bold", title=None)
-        for col in ("start ms", "idle ms", "cause", "host was in", "next on the GPU"):
+        for col in ("start ms", "idle ms", "cause", "host was in", "host stack (innermost last)", "next on the GPU"):
             t.add_column(col, justify="right" if col in ("start ms", "idle ms") else "left", overflow="fold")
         for g in p["gaps"].get("longest") or []:
             cause = g["cause"] + (f" (after {g['waited_on']})" if g.get("waited_on") else "")
-            t.add_row(fmt.ms(g["start_ms"]), fmt.ms(g["ms"]), safe(cause), safe(g.get("host_call") or "—"), safe(g.get("next") or "")[:70])
+            stack = " > ".join((g.get("host_stack") or [])[-4:]) or "—"
+            t.add_row(fmt.ms(g["start_ms"]), fmt.ms(g["ms"]), Text(safe(cause), style=_cause_style(g["cause"])),
+                      safe(g.get("host_call") or "—"), safe(stack), safe(g.get("next") or "")[:60])
         c.print(t)
         c.print("[dim]" + escape("; ".join(f"{k}: {GAP_CAUSE_LABELS[k]}" for k in by if k in GAP_CAUSE_LABELS)) + "[/dim]")
     steps = d.get("steps") or []
@@ -211,10 +216,18 @@ def _render_waits(c: Console, d: dict[str, Any]) -> None:
     if before:
         c.print(Text("Before their GPU work, steps waited:", style="bold"))
         for s, w in before[:8]:
-            c.print(Text(safe(f"  {s['name'][:60]}: {w['ms']:.3f} ms {w['cause']}"
-                              + (f" after {w['waited_on']}" if w.get("waited_on") else "")
-                              + (f" (host in {w['host_call']})" if w.get("host_call") else "")
-                              + f" — {GAP_CAUSE_LABELS.get(w['cause'], '')}")))
+            line = Text(safe(f"  {s['name'][:60]}: {w['ms']:.3f} ms "))
+            line.append(safe(w["cause"]), style=_cause_style(w["cause"]))
+            line.append(safe((f" after {w['waited_on']}" if w.get("waited_on") else "")
+                             + (f" (host in {w['host_call']})" if w.get("host_call") else "")
+                             + f" — {GAP_CAUSE_LABELS.get(w['cause'], '')}"))
+            c.print(line)
+
+
+def _cause_style(cause: str) -> str:
+    """A cause's colour (the cause table's, as every view) as a rich style."""
+    color = CAUSE_COLORS.get(cause)
+    return f"bold {color}" if color else ""
 
 
 def _render_kernel_table(c: Console, rows: list[dict[str, Any]]) -> None:
