@@ -84,6 +84,17 @@ class KinetoBuilder:
         self.events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 100, "tid": 100, "ts": ts, "dur": dur, "args": args})
         return self
 
+    def python_frame(self, name, ts, dur, tid=100):
+        """A with_stack python frame (``python_function``) on the host thread."""
+        self.events.append({"ph": "X", "cat": "python_function", "name": name, "pid": 100, "tid": tid, "ts": ts, "dur": dur,
+                            "args": {}})
+        return self
+
+    def overhead(self, name, ts, dur):
+        """A profiler overhead event (Kineto writes them on pid -1, tid 0)."""
+        self.events.append({"ph": "X", "cat": "overhead", "name": name, "pid": -1, "tid": 0, "ts": ts, "dur": dur, "args": {}})
+        return self
+
     def doc(self) -> dict:
         return {**self.top, "traceEvents": self.events}
 

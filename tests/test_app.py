@@ -34,7 +34,8 @@ from diagnose.app.server import (  # noqa: E402
     timeline_zoom,
 )
 from diagnose.app.timeline import (  # noqa: E402
-    GAP_KINDS,
+    CAUSE_LEGEND,
+    GAP_CAUSES,
     figure_drawn_elements,
     parse_relayout,
     prepare_timeline,
@@ -151,27 +152,32 @@ def _text(component) -> str:
 # -- timeline ------------------------------------------------------------------------------
 
 
+def _cause_counts(td) -> dict[str, int]:
+    return {c: int((td.gap_cause == i).sum()) for i, c in enumerate(GAP_CAUSES) if (td.gap_cause == i).any()}
+
+
 def test_timeline_gaps_match_the_analyzer_on_vllm(vllm):
     r = vllm.to_dict()
-    td = prepare_timeline(vllm.activities, r)
+    td = prepare_timeline(vllm.activities, r, host_index=vllm.host_index)
     assert td.rows == ["steps / phases", "GPU 2 · stream 0", "GPU 2 · idle"]
-    gaps = _all_phase(r)["gaps"]
-    counts = {k: int((td.gap_kind == i).sum()) for i, k in enumerate(GAP_KINDS)}
-    assert counts == gaps["count_by_kind"] == {"launch": 0, "graph": 0, "other": 3, "unattributed": 0}
-    for i, k in enumerate(GAP_KINDS):
-        ms = float((td.gap_end[td.gap_kind == i] - td.gap_start[td.gap_kind == i]).sum()) / 1e6
-        assert ms == pytest.approx(gaps["ms_by_kind"][k], abs=1e-6)
+    a = _all_phase(r)
+    assert sum(_cause_counts(td).values()) == a["gaps"]["all"]["count"] == 3  # one bar per gap
+    for i, c in enumerate(GAP_CAUSES):
+        ms = float((td.gap_end[td.gap_cause == i] - td.gap_start[td.gap_cause == i]).sum()) / 1e6
+        assert ms == pytest.approx(a["idle_by_cause_ms"].get(c, 0.0), abs=1e-6)
 
 
 def test_timeline_gaps_match_the_analyzer_on_sglang(sglang):
     r = sglang.to_dict()
     td = prepare_timeline(sglang.activities, r, host_index=sglang.host_index)
     assert td.rows == ["steps / phases", "GPU 9 · stream 2", "GPU 9 · stream 3", "GPU 9 · idle"]
-    counts = {k: int((td.gap_kind == i).sum()) for i, k in enumerate(GAP_KINDS)}
-    # one host-late gap is the host blocked in hipMemcpyWithStream: 'other', not a launch gap
-    assert counts == _all_phase(r)["gaps"]["count_by_kind"] == {"launch": 17, "graph": 0, "other": 3, "unattributed": 0}
-    launch_ms = float((td.gap_end - td.gap_start)[td.gap_kind == 0].sum()) / 1e6
-    assert launch_ms == pytest.approx(_all_phase(r)["gaps"]["ms_by_kind"]["launch"], abs=1e-6)
+    a = _all_phase(r)
+    # one bar per idle interval (18), each in its cause: the report's causes, gap for gap
+    assert sum(_cause_counts(td).values()) == a["gaps"]["all"]["count"] == 18
+    assert _cause_counts(td) == {c["cause"]: c["count"] for c in a["causes"] if c["count"]}
+    for i, c in enumerate(GAP_CAUSES):
+        ms = float((td.gap_end - td.gap_start)[td.gap_cause == i].sum()) / 1e6
+        assert ms == pytest.approx(a["idle_by_cause_ms"].get(c, 0.0), abs=1e-6)
 
 
 def test_timeline_detail_figure_on_vllm(vllm):
@@ -187,8 +193,9 @@ def test_timeline_detail_figure_on_vllm(vllm):
     assert {n for n in names if n in cats} == cats
     assert "decode step" in names
     # no launch gaps in a CUDA-graph replay; its ~1 ns gaps are rounding, not drawn
-    assert not any(n.startswith("launch gap") or n == "gap inside graph replay" for n in names)
-    assert len(fig.data) == len(cats) + 1 + 2
+    assert CAUSE_LEGEND["launch"] not in names
+    gap_traces = [n for n in names if n in CAUSE_LEGEND.values()]
+    assert len(fig.data) == len(cats) + len(gap_traces) + 2
     # One band for the decode step covering its GPU range (ms since t0).
     step = r["steps"][0]
     band = next(t for t in fig.data if t.name == "decode step")
@@ -206,8 +213,8 @@ def test_timeline_launch_gap_rectangles_for_host_late_trace(kineto, tmp_path):
     assert _all_phase(r)["gaps"]["count_by_kind"]["launch"] == 1
     fig = timeline_figure(a.activities, r)
     by_name = {t.name: t for t in fig.data}
-    launch = by_name["launch gap (GPU waited for host)"]
-    other = by_name["idle (other: sync, dependency)"]
+    launch = by_name[CAUSE_LEGEND["launch"]]
+    other = by_name[CAUSE_LEGEND["switch"]]  # the early-launched kernel started 1 µs after the one before
     assert launch.meta["segments"] == 1 and other.meta["segments"] == 1
     assert list(launch.x[:2]) == pytest.approx([0.010, 0.030])  # ms since the first kernel
     assert list(other.x[:2]) == pytest.approx([0.040, 0.041])
@@ -228,9 +235,9 @@ def test_timeline_gaps_are_per_device():
     assert td.rows == ["steps / phases", "GPU 0 · stream 7", "GPU 0 · stream 9", "GPU 0 · idle",
                        "GPU 1 · stream 7", "GPU 1 · idle"]
     assert list(td.gap_row) == [3] and list(td.gap_start) == [100] and list(td.gap_end) == [300]
-    assert GAP_KINDS[td.gap_kind[0]] == "launch"  # its launch call ended at 250 ns, after the GPU idled at 100
+    assert GAP_CAUSES[td.gap_cause[0]] == "launch"  # its launch call ended at 250 ns, after the GPU idled at 100
     fig = timeline_figure(td)
-    launch = next(t for t in fig.data if t.name.startswith("launch gap"))
+    launch = next(t for t in fig.data if t.name == CAUSE_LEGEND["launch"])
     assert list(launch.x[:2]) == pytest.approx([100e-6, 300e-6]) and launch.y[0] == 3
 
 

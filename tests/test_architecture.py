@@ -172,7 +172,8 @@ LAYERS = ("base", "trace", "analyzers", "findings", "engine", "pipeline", "top")
 #: model, and the domain libraries the analyzers compute with (accounting, hardware, roofline).
 #: ``diagnose.report`` is the package's empty ``__init__`` (importing ``report.fmt`` runs it);
 #: ``report.fmt`` imports nothing of the project, so every layer formats numbers one way.
-BASE = {"diagnose", "diagnose.errors", "diagnose.vocab", "diagnose.numeric", "diagnose.textsafe", "diagnose.yamlio",
+#: ``cause_table`` reads the cause table (diagnose/data/causes.yaml) the vocabulary exposes.
+BASE = {"diagnose", "diagnose.errors", "diagnose.vocab", "diagnose.cause_table", "diagnose.numeric", "diagnose.textsafe", "diagnose.yamlio",
         "diagnose.tables", "diagnose.options", "diagnose.clitypes", "diagnose.model", "diagnose.report",
         "diagnose.report.fmt", "diagnose.hardware", "diagnose.roofline", "diagnose.fuzzing", "diagnose.data",
         "diagnose.rules", "diagnose.samples",

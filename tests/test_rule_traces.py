@@ -407,10 +407,14 @@ def test_profiler_overhead_inside_a_late_launch_is_not_a_launch_gap(kineto, tmp_
     r = _report(_late_launch_trace(kineto, with_overhead=True), tmp_path, "overhead.json")
     d = _phase(r, "decode")
     # gap 200..1200 = 1.0 ms; the launch ended at 1198 (host late), but the overhead event
-    # 205..1195 covers 990 µs >= half of it -> profiler_overhead, kind other, no launch gap
+    # 205..1195 covers 990 µs of it -> profiler_overhead, kind other, no launch gap; its pieces:
+    # 990 µs overhead, 8 µs in the step's range and the launch call (launch), 2 µs queued
     gap = d["gaps"]["longest"][0]
     assert gap == {"start_ms": pytest.approx(0.2, **FLOAT), "ms": pytest.approx(1.0, **FLOAT), "kind": "other",
-                   "cause": "profiler_overhead", "host_call": "Activity Buffer Request", "waited_on": None, "next": "gemv_kernel"}
+                   "cause": "profiler_overhead",
+                   "parts_ms": pytest.approx({"profiler_overhead": 0.99, "launch": 0.008, "dependency": 0.002}, **FLOAT),
+                   "host_call": "Activity Buffer Request", "host_stack": ["diagnose:decode[bs=1 ctx=2048]"],
+                   "waited_on": None, "next": "gemv_kernel"}
     assert d["idle_by_cause_ms"] == pytest.approx({"profiler_overhead": 1.0}, **FLOAT)
     assert d["launch_gap_share"] == 0.0
     assert d["gaps"]["ms_by_kind"]["launch"] == 0.0

@@ -53,6 +53,8 @@ EXPECTED_IDS = {
     "latency-regression", "prefill-short-prompt-mfu", "speculative-acceptance-low",
     "comm-exposed", "elementwise-dominated", "h2d-copies-dominate", "host-blocking-wait", "mixed-step-decode-stall",
     "moe-kernel-bound", "prefill-mfu-low", "small-kernel-tax",
+    "S3-host-bound", "host-compute", "compile-guard", "data-loading", "first-call-setup", "host-blocked", "collective-wait",
+    "cold-start",
 }
 
 # A minimal valid rule; tests replace fields to break it.
@@ -662,4 +664,4 @@ def test_packaged_rules_pass_schema_validation():
     strict = load_rules(validate=True)
     fast = load_rules()
     assert [r.id for r in strict] == [r.id for r in fast]
-    assert len(strict) == len(EXPECTED_IDS) == 27
+    assert len(strict) == len(EXPECTED_IDS) == 35

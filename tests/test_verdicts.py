@@ -244,7 +244,11 @@ def test_sglang_prefill_ttft_and_mfu():
     # raw: the EXTEND step's activities run from 493.745 to 987.275 ms of the trace: 493.529207 ms
     # (expert §3: 492.6 ms from the first GEMM; not 987 ms)
     span_ms = (raw["last"] - raw["first"]) / 1e3
-    assert r["latency"]["ttft_ms"] == pytest.approx(span_ms, abs=NS)
+    # plus the step's own host work before its first kernel (issue 22): dispatch 0.078587 ms and
+    # two gaps serialized by hipMemcpyWithStream, 0.071908 + 0.180751 ms; less the first-call
+    # setup inside the span (one-time: 0.248053 - 0.104356 before the span = 0.143697 ms)
+    own_ms = span_ms + 0.078587 + 0.071908 + 0.180751 - 0.143697
+    assert r["latency"]["ttft_ms"] == pytest.approx(own_ms, abs=NS)
     assert r["latency"]["ttft_ms"] == pytest.approx(492.6, rel=0.03)  # issue 13: ±3 %
     # expert §3: 218 TFLOP in 492.6 ms = 443 TFLOP/s of 1307.4: MFU ≈ 34 %
     assert 0.30 <= _phase(r, "prefill")["mfu"] <= 0.38
@@ -270,20 +274,27 @@ def test_sglang_493_ms_wait_is_on_work_outside_the_trace_not_a_host_block():
     assert len(memcpy) == 1 and memcpy[0]["ts"] > launch_end
     wait_ev = [e for e in ev if e["name"] == "hipStreamWaitEvent" and e["ts"] < launch["ts"]]
     assert [round(e["ts"] - t0, 1) for e in wait_ev] == [100.2]
-    # the gap in the gap list: its launch part (up to the launch end + the 20 µs allowance)
-    # and the rest, 493.219121 ms, which is this wait
-    queued_ms = (nxt["ts"] - (launch_end + 20)) / 1e3
-    assert queued_ms == pytest.approx(493.219121, abs=NS)
+    # the gap in the gap list is the whole idle interval, 493.283729 ms (issue 19: one row per
+    # gap, not its pieces); its queued part after the launch returned is this wait
+    gap_ms = (nxt["ts"] - prev_end) / 1e3
+    assert gap_ms == pytest.approx(493.283729, abs=NS)
     g = _phase(r, "all")["gaps"]["longest"][0]
     # what the host was in (issue 13: the ≈493 ms entry names hipMemcpyWithStream) and what
     # the queued work waited on
     assert (g["ms"], g["cause"], g["host_call"], g["waited_on"]) == (
-        pytest.approx(queued_ms, abs=NS), "outside_trace", "hipMemcpyWithStream", "hipStreamWaitEvent")
-    assert not [x for x in _phase(r, "all")["gaps"]["longest"] if x["cause"] == "host_blocked"]
+        pytest.approx(gap_ms, abs=NS), "outside_trace", "hipMemcpyWithStream", "hipStreamWaitEvent")
+    assert g["parts_ms"]["outside_trace"] == pytest.approx((nxt["ts"] - launch_end) / 1e3, abs=NS)
+    # the only host-blocked gaps are short ones hipMemcpyWithStream serialized once it returned
+    blocked = [x for x in _phase(r, "all")["gaps"]["longest"] if x["cause"] == "host_blocked"]
+    assert [(round(x["ms"], 6), x["host_call"]) for x in blocked] == [(0.237275, "hipMemcpyWithStream"),
+                                                                     (0.180751, "hipMemcpyWithStream")]
     # the step's wait before its GPU work: the whole stretch from the step's anchor, same cause
     # (the other waits before the span are the host launching late, 0.08 to 0.18 ms each)
+    # (after it: two short gaps the copy serialized, host_blocked, and a first call of aten::max)
     before = [w for w in r["steps"][0]["waits"] if w["where"] == "before" and w["cause"] != "launch"]
-    assert [(w["cause"], w["host_call"], w["waited_on"]) for w in before] == [("outside_trace", "hipMemcpyWithStream", "hipStreamWaitEvent")]
+    assert [(w["cause"], w["host_call"], w["waited_on"]) for w in before] == [
+        ("outside_trace", "hipMemcpyWithStream", "hipStreamWaitEvent"), ("host_blocked", "hipMemcpyWithStream", None),
+        ("host_blocked", "hipMemcpyWithStream", None), ("first_call_setup", "aten::max", None)]
     assert before[0]["ms"] == pytest.approx((nxt["ts"] - prev_end) / 1e3, abs=NS)
     assert max(w["ms"] for w in r["steps"][0]["waits"] if w["cause"] == "launch") < 0.2
     # so the headline is the step's own story (expert §3), no host-sync advice
@@ -319,14 +330,22 @@ def test_sglang_kernel_table_gate_up_gemm_throughput():
 # --------------------------------------------------------------------------- §4-5 HF forwards
 
 
-@pytest.mark.parametrize("rel, expect_ms", [(H100, 34.89), (MI300, 33.13)])
-def test_hf_forward_ttft_is_step6_gpu_span(rel, expect_ms):
+@pytest.mark.parametrize("rel, expect_ms, own_extra_ms", [
+    # H100: after the GPU finished step #5 the host still sat 0.290943 ms in
+    # torch/cuda/__init__.py synchronize at the start of step #6 before its first kernel
+    (H100, 34.89, 0.290943),
+    # MI300X: 0.624035 ms of dispatch (in nn.Module: Qwen2Model_0) before the first kernel, less
+    # 0.057212 ms of first launches inside the span (one-time setup: not the step's own cost)
+    (MI300, 33.13, 0.624035 - 0.057212),
+])
+def test_hf_forward_ttft_is_step6_gpu_span(rel, expect_ms, own_extra_ms):
     r = report(rel)
     raw = _raw_step(rel, r"^ProfilerStep#6$")
     # raw: ProfilerStep#6's activities span 34.892419 ms on H100 (not 49.4 from its marker,
-    # which starts with a 14.1 ms cudaDeviceSynchronize on step #5) and 33.131334 ms on MI300X
+    # which starts with a 14.1 ms cudaDeviceSynchronize on step #5) and 33.131334 ms on MI300X;
+    # the step's own time adds its own host work before its first kernel (issue 22)
     span_ms = (raw["last"] - raw["first"]) / 1e3
-    assert r["latency"]["ttft_ms"] == pytest.approx(span_ms, abs=NS)
+    assert r["latency"]["ttft_ms"] == pytest.approx(span_ms + own_extra_ms, abs=NS)
     assert r["latency"]["ttft_ms"] == pytest.approx(expect_ms, rel=0.03)  # issue 13: ±3 %
 
 
@@ -371,7 +390,7 @@ def test_fragment_bound_ratio_is_not_reported_as_reliable():
     assert d["mbu"] is None or "mbu" in d["unreliable"]
 
 
-def test_decode_gpu_0_headline_is_the_launch_gaps():
+def test_decode_gpu_0_headline_is_the_host_with_its_split():
     r = report(DECODE_GPU_0)
     ev = _raw(DECODE_GPU_0)
     gpu = [e for e in ev if e.get("cat") in GPU_CATS]
@@ -381,13 +400,16 @@ def test_decode_gpu_0_headline_is_the_launch_gaps():
     d = _phase(r, "decode")
     assert d["window_ms"] == pytest.approx(window_ms, abs=NS)
     h = r["headline"]
-    assert h["rule_id"] == "S3-launch-gaps"
-    # launch gaps 2.023194 ms / 2.138840 ms = 94.6 % (expert §6: GPU idle 94.6 %)
-    assert h["text"] == ("launch-bound: 94.6% of the decode GPU window is launch gaps (2.02 ms): the GPU waited for "
-                         "the host to launch the next kernel")
+    assert h["rule_id"] == "S3-host-bound"
+    # expert §6: the idle is per-region dispatch (CUDA graphs help) and CPU attention plus syncs
+    # (they don't): 0.927 / 0.693 / 0.403 ms of the 2.024 ms idle (tests/test_host_causes.py)
+    assert h["text"] == ("decode is host-bound: 0.927 ms per step in triton_heuristics.py(1103): run (launch overhead), "
+                         "GPU idle 95%; waiting: launch overhead 46%, host computing 34%, host blocked in a "
+                         "synchronizing call 20%")
     assert h["caveat"] == "the window holds part of a forward: TPOT, MBU and the bound ratio cannot be read from it"
-    assert d["launch_gap_share"] == pytest.approx(0.945931, abs=NS)
+    assert d["launch_gap_share"] == pytest.approx(0.926753 / window_ms, abs=NS)
     assert "cuda_graphs" in _symptom(r, "S3-launch-gaps")["recommends"]
+    assert _symptom(r, "host-compute")["recommends"] == ["move_host_work"]
 
 
 # --------------------------------------------------------------------------- §8 capture pass
@@ -457,19 +479,20 @@ def test_terminal_html_and_web_show_the_same_headline(rel, opts, tmp_path):
 
 
 #: latency-regression's threshold (rules/latency-regression.yaml): max_regression, default 0.5.
-TIGHT = "latency-regression.max_regression=0.05"
+TIGHT = "latency-regression.max_regression=0.04"
 
 
 @pytest.mark.parametrize("baseline, candidate, thresholds, verdict", [
-    # TTFT 33.131334 -> 34.892419 ms: x1.0532 <= 1.5 (default): no regression ...
+    # TTFT 33.698157 -> 35.183362 ms (own times, test_hf_forward_ttft_is_step6_gpu_span):
+    # x1.0441 <= 1.5 (default): no regression ...
     (MI300, H100, (), "no regression"),
-    # ... but > 1.05 with max_regression 0.05: the override flips the verdict
+    # ... but > 1.04 with max_regression 0.04: the override flips the verdict
     (MI300, H100, (TIGHT,), "regression"),
-    # TTFT 34.892419 -> 493.529207 ms: x14.14 > 1.5
+    # TTFT 35.183362 -> 493.716756 ms: x14.03 > 1.5
     (H100, SGLANG, (), "regression"),
-    # TTFT 493.529207 -> 34.892419 ms: x0.0707
+    # TTFT 493.716756 -> 35.183362 ms: x0.0713
     (SGLANG, H100, (), "no regression"),
-    # x0.0707 is no regression with the tight threshold either
+    # x0.0713 is no regression with the tight threshold either
     (SGLANG, H100, (TIGHT,), "no regression"),
 ], ids=["mi300-h100", "mi300-h100-tight", "h100-sglang", "sglang-h100", "sglang-h100-tight"])
 def test_compare_cli_and_web_agree(baseline, candidate, thresholds, verdict):
