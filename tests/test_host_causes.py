@@ -507,7 +507,7 @@ def test_analysis_reads_host_events_of_the_launching_threads_only_near_gaps():
     host = a.host_index
     n_events = sum(len(th.start) for th in host.threads.values())
     t = a.trace
-    assert 0 < n_events < len(t.python) + len(t.cpu_ops) + len(t.runtime)
+    assert 0 < n_events < len(t.python_frames) + len(t.cpu_ops) + len(t.runtime)
 
 
 # ---------------------------------------------------------------- collective_wait and data_loading on a real 8-rank job

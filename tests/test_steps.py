@@ -67,6 +67,14 @@ def raw_step(d: dict, name: str | re.Pattern, nth: int = 0) -> dict:
     return {"name": r["name"], "ts": t0, "dur": r["dur"], "n": len(gs), "span_ms": span}
 
 
+def own_lead_ms(step: dict) -> float:
+    """The step's waits before its first GPU activity whose cause is internal (the cause table):
+    part of its own time (issue 22)."""
+    from diagnose.vocab import EXTERNAL_CAUSES
+
+    return sum(w["ms"] for w in step["waits"] if w["where"] == "before" and w["cause"] not in EXTERNAL_CAUSES)
+
+
 def gpu_span_ms(d: dict) -> float:
     """First GPU activity start to last end of the whole document (ms)."""
     g = [e for e in _x(d) if e.get("cat") in tv.GPU_CATS]
@@ -142,7 +150,13 @@ def test_sglang_decode_step_and_tpot():
     assert [(s["name"], s["phase"], s["evidence"], s["grammar"]) for s in r["steps"]] == [
         ("step[DECODE bs=32]", "decode", "marker", "sglang")]
     assert r["steps"][0]["gpu_span_ms"] == pytest.approx(raw["span_ms"], abs=2e-6)
-    assert r["latency"]["tpot_ms"]["p50"] == pytest.approx(raw["span_ms"], abs=2e-6)
+    # Issue 22: TPOT is the step's own time: its GPU span plus its own host waits before its first
+    # activity. The execute_… range holding step[DECODE] starts 80.589 µs before the first GPU
+    # activity (raw events): launch and host work, internal; the 463 ms wait after it is external.
+    ex = raw_step(doc(SGL_DECODE), r"^execute_32_context_0")
+    lead_ms = (min(e["ts"] for e in _x(doc(SGL_DECODE)) if e.get("cat") in tv.GPU_CATS) - ex["ts"]) / 1000
+    assert lead_ms == pytest.approx(0.080589, abs=1e-6) and own_lead_ms(r["steps"][0]) == pytest.approx(lead_ms, abs=2e-6)
+    assert r["latency"]["tpot_ms"]["p50"] == pytest.approx(raw["span_ms"] + lead_ms, abs=2e-6)
     assert round(r["latency"]["tpot_ms"]["p50"], 1) == 10.4 and r["latency"]["ttft_ms"] is None
 
 
@@ -185,7 +199,13 @@ def test_b200_tolerant_context_marker_is_one_prefill():
         "prefill", "marker", "vllm-v1-context", 888, 1, 0)
     assert s["gpu_span_ms"] == pytest.approx(raw["span_ms"], abs=2e-6) and s["activity_count"] == 929
     assert r["latency"]["ttft_ms"] == s["own_ms"]
-    assert abs(r["latency"]["ttft_ms"] - raw["dur"] / 1000) / (raw["dur"] / 1000) < 0.04  # "TTFT ≈ 87 ms as profiled"
+    # Issue 22: the step's own time leaves out the external causes of the cause table: the 1.53 ms
+    # "Activity Buffer Request" before the first kernel (profiler overhead) and the first-call
+    # setup inside the span (cuBLASLt setup of each GEMM shape's first call, 9.845346 ms: one-time,
+    # lever "warm up"), so TTFT reads 84.487178 - 9.845346 = 74.641832 ms, with the cold-start
+    # caveat; the marker's 87.4 ms is "as profiled" (expert reading §11).
+    assert s["idle_by_cause_ms"]["first_call_setup"] == 9.845346 and own_lead_ms(s) == 0
+    assert r["latency"]["ttft_ms"] == pytest.approx(s["gpu_span_ms"] - 9.845346, abs=2e-6)
     assert "cold_start" in codes(r) and r["headline"]["caveat"].startswith("first-iteration costs")
     assert "decode" not in {p["name"] for p in r["phases"]}
 
@@ -285,7 +305,10 @@ def test_sglang_innermost_engine_frame_is_the_step(tmp_path):
     assert round(outer["span_ms"], 2) == 473.75 and inner["span_ms"] == pytest.approx(10.366887, abs=2e-6)
     r = analyse(tv.write(tv.strip_markers(d), tmp_path / "nomark.json"))
     assert [s["name"] for s in r["steps"]] == [inner["name"]]
-    assert r["latency"]["tpot_ms"]["p50"] == pytest.approx(inner["span_ms"], abs=2e-6)
+    # TPOT: the span plus the frame's own host lead-in (issue 22: internal waits are the step's)
+    lead = own_lead_ms(r["steps"][0])
+    assert 0 < lead < 0.1
+    assert r["latency"]["tpot_ms"]["p50"] == pytest.approx(inner["span_ms"] + lead, abs=2e-6)
 
 
 @pytest.mark.parametrize("rel, marker", [(B200, r"^execute_context_"), (SGL_DECODE, r"^step\[DECODE"),

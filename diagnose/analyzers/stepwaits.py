@@ -71,10 +71,13 @@ def before_stretches(d: DeviceActs, steps: pd.DataFrame) -> dict[str, Any]:
 
 
 def anchored(steps: pd.DataFrame) -> np.ndarray:
-    """Per step: its anchor is a marker's (not the whole trace taken as one step when no marker
-    exists: the trace's lead-in before its first kernel is no step's wait)."""
+    """Per step: its anchor is a host range's (a marker, a ProfilerStep, an engine frame), not
+    the whole trace taken as one step nor a step the GPU structure alone found: the lead-in
+    before their first kernel is no step's wait."""
     if not len(steps):
         return np.zeros(0, dtype=bool)
+    if "evidence" in steps:
+        return steps["evidence"].isin(("marker", "profiler_step", "python_frame")).to_numpy()
     whole = (steps["grammar"].to_numpy(dtype=object) == "shapes") & (steps["name"].to_numpy(dtype=object) == "trace")
     return ~whole
 
