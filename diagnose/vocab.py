@@ -97,9 +97,11 @@ PATH_KIND_LABELS = {
     "gpu_gap": "GPU gaps", "launch_latency": "launch latency", "dependency": "cross-stream wait",
     "sync_return": "sync return", "host": "host",
 }
+#: Path kinds that are waits of a cause take that cause's colour (the cause table's).
 PATH_KIND_COLORS = {
-    "gpu_compute": "#1f77b4", "gpu_communication": "#e377c2", "memcpy": "#7f7f7f", "gpu_gap": "#9467bd",
-    "launch_latency": "#d62728", "dependency": "#b0b0b0", "sync_return": "#c62828", "host": "#ff7f0e",
+    "gpu_compute": "#1f77b4", "gpu_communication": "#e377c2", "memcpy": "#7f7f7f", "gpu_gap": CAUSE_COLORS["graph"],
+    "launch_latency": CAUSE_COLORS["launch"], "dependency": CAUSE_COLORS["dependency"], "sync_return": "#c62828",
+    "host": "#ff7f0e",
 }
 #: Why a path starts where it does: the step's anchor (its marker, or the window's start),
 #: the previous step's GPU end, work the GPU waited for that the trace does not hold

@@ -19,9 +19,10 @@ from diagnose.textsafe import safe
 @click.command("whatif")
 @click.option("--trace", "trace_path", required=True, metavar="FILE", help="Kineto JSON (.json/.json.gz) or nsys SQLite trace.")
 @click.option("--remove", "removes", multiple=True, metavar="CAUSE[:FRAME-REGEX]",
-              help="Take away host time and waits of a cause (launch, host_blocked, cold_start, profiler_overhead, "
-                   "dependency, switch, graph, unknown; idle = every internal cause), optionally only under python "
-                   "frames, CPU ops or ranges whose name matches the regex; repeatable.")
+              help="Take away host time and waits of a cause of the cause table (launch, graph, host_blocked, "
+                   "dependency, switch, cold_start, profiler_overhead, host_compute, first_call_setup, compile_guard, "
+                   "data_loading; idle = every internal cause), optionally only under python frames, CPU ops or "
+                   "ranges whose name matches the regex; repeatable.")
 @click.option("--speedup", "speedups", multiple=True, metavar="CATEGORY=FACTOR",
               help="Run a kernel category (gemm, attention, norm, elementwise, communication, moe, sampling, memcpy, "
                    "memset, other) FACTOR times faster (inf: it takes no time); repeatable.")

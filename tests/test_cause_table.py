@@ -172,3 +172,39 @@ def test_readme_cause_table_is_generated():
     m = re.search(r"<!-- causes:begin[^>]*-->\n(.*?)\n<!-- causes:end -->", readme, re.S)
     assert m, "README lacks the generated cause table markers"
     assert m.group(1) == causes_markdown(), "regenerate: python -m diagnose.cause_table"
+
+
+def test_critical_path_and_whatif_use_the_tables_causes(decode0):
+    """One definition of causes: the causes a critical path's host time can have and the ones
+    ``diagnose whatif --remove`` takes are cause-table names, and the path names host events
+    the way the gap classifier does (the same host_calls.yaml tests, the table's precedence)."""
+    from click.testing import CliRunner
+
+    from diagnose.analyzers import whatif as W
+    from diagnose.analyzers.hostpath import host_cause, path_causes
+    from diagnose.cli import main
+
+    assert path_causes() == ("profiler_overhead", "first_call_setup", "host_blocked", "cold_start", "data_loading",
+                             "compile_guard", "host_compute", "launch")
+    assert set(path_causes()) <= set(HOST_CAUSES)
+    assert W.REMOVABLE == ("launch", "graph", "host_blocked", "dependency", "switch", "cold_start", "profiler_overhead",
+                           "host_compute", "first_call_setup", "compile_guard", "data_loading", "idle")
+    assert set(W.REMOVABLE) - {"idle"} <= set(GAP_CAUSES)
+    assert set(W.INTERNAL) == set(W.REMOVABLE) - {"idle"} - EXTERNAL_CAUSES
+    helptext = " ".join(CliRunner().invoke(main, ["whatif", "--help"]).output.split())
+    listed = re.search(r"cause of the cause table \(([^;]*);", helptext).group(1).replace(" ", "").split(",")
+    assert set(listed) == set(W.REMOVABLE) - {"idle"}
+    named = {("Lazy Function Loading", "overhead"): "first_call_setup",
+             ("Activity Buffer Request", "overhead"): "profiler_overhead",
+             ("cuModuleLoadData", "runtime"): "first_call_setup",
+             ("cudaStreamSynchronize", "runtime"): "host_blocked",
+             ("TorchDynamo Cache Lookup", "op"): "compile_guard",
+             ("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", "range"): "data_loading",
+             ("Inductor compile: fx_codegen_and_compile (dynamo_timed)", "range"): "cold_start",
+             ("cudaLaunchKernel", "runtime"): None, ("aten::mm", "op"): None}
+    assert {k: host_cause(*k) for k in named} == named
+    # nano-vllm decode_gpu_0: the CPU attention (attention_cpu / load_kvcache_cpu, launching nothing) is
+    # host_compute on the path as in the gaps (segment level 0.688 ms; gaps 0.692969 ms, whole gaps)
+    cp = decode0.to_dict()["critical_path"]["phases"][0]["host_ms_by_cause"]
+    assert set(cp) <= set(path_causes())
+    assert (cp["host_compute"], cp["launch"]) == (0.688082, 1.80063)

@@ -57,7 +57,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analyzers.hostsource import host_sources, thread_events
-from diagnose.trace.model import NO_TIME, Trace, factorize, per_unique
+from diagnose.trace.model import NO_TIME, Trace, per_unique
 from diagnose.vocab import HOST_CAUSES
 
 #: The largest host time one kernel launch can explain: "Usually, the launch time on the CPU

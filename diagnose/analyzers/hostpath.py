@@ -3,14 +3,21 @@
 A host stretch of a path (:mod:`diagnose.analyzers.critpath`) is cut into pieces, one per
 change of:
 
-* **cause** (:func:`cause_timeline`): what the host time is, in the gap-cause vocabulary of
-  :mod:`diagnose.vocab` and the name patterns of ``diagnose/data/host_calls.yaml``, with the
-  precedence the gap attribution uses (:func:`diagnose.analyzers.waits.attribute`): a profiler
-  ``overhead`` event (``profiler_overhead``, or ``cold_start`` for lazy module loading), then
-  a runtime call matching a pattern (``cold_start`` for module loading and JIT,
-  ``host_blocked`` for a synchronize or blocking copy that did not wait), then a compile range
-  (``cold_start``); any other host time is ``launch`` (the host late to launch: today's
-  vocabulary). :func:`host_cause` is the one place a host event's name becomes a cause.
+* **cause** (:func:`cause_timeline`): what the host time is, a host cause of the cause table
+  (``diagnose/data/causes.yaml``, :data:`diagnose.vocab.HOST_CAUSES`), from the name tests of
+  ``diagnose/data/host_calls.yaml`` that read one event's name (profiler ``overhead`` events,
+  runtime/driver calls, CPU ops, user ranges) in the cause table's host precedence: a profiler
+  overhead event (``profiler_overhead``; ``first_call_setup`` for lazy module loading), a
+  module-loading call (``first_call_setup``), a blocking call or synchronizing op
+  (``host_blocked``), a compile range (``cold_start``), DataLoader iteration
+  (``data_loading``), guard evaluation (``compile_guard``), host work that launches nothing
+  (``host_compute``: a python frame outside the framework's dispatch path, a CPU op or a range
+  of 20 µs or more during which the thread launched nothing, as the gap classifier of
+  :mod:`diagnose.analyzers.hostcause` tests it); any other host time is ``launch``. The
+  classifier's tests that need more (a first call per shape or the first launch of a kernel,
+  the compile entry of a graph-replayed step) are not applied here: that time stays ``launch``.
+  :func:`path_causes` are the causes a path can hold; :func:`host_cause` is the one place a
+  host event's name becomes a cause.
 * **activity**: the innermost host event: a launch or copy call (``launch``), another
   runtime call (``runtime``), a blocking call that did not wait (``sync``), a CPU op
   (``cpu_op``), a python frame outside any CPU op (``python``) or inside one
@@ -47,21 +54,41 @@ DEFAULT_CAUSE = "launch"
 _CLS_RANGE, _CLS_PY, _CLS_OP, _CLS_OVER, _CLS_RT = 0, 1, 2, 3, 4  # tie order: outer to inner
 
 
-@lru_cache(maxsize=1)
-def _patterns() -> tuple[tuple[str, str, re.Pattern], ...]:
-    from diagnose.tables import host_call_table
+#: The host event kinds a path's cause timeline reads (``host_calls.yaml`` ``events``).
+PATH_EVENT_KINDS = ("overhead", "runtime", "op", "range")
 
-    return tuple((r.cause, r.what, re.compile(r.pattern, re.I)) for r in host_call_table().rows)
+
+@lru_cache(maxsize=1)
+def _patterns() -> tuple[tuple[str, frozenset[str], re.Pattern], ...]:
+    """(cause, event kinds, regex) of the ``host_calls.yaml`` tests that name a cause from one
+    event's name, in the cause table's host precedence (first = highest), catch-all tests last."""
+    from diagnose.tables import host_call_table
+    from diagnose.vocab import HOST_CAUSES
+
+    rows = [r for r in host_call_table().rows
+            if r.cause is not None and r.scope != "graph_entry" and set(r.events) & set(PATH_EVENT_KINDS)]
+    # a catch-all test ('.': "every other overhead event") comes after the specific ones
+    rows.sort(key=lambda r: (r.pattern.strip() == ".", HOST_CAUSES.index(r.cause)))
+    return tuple((r.cause, frozenset(r.events), re.compile(r.pattern.strip(), re.I)) for r in rows)
 
 
 def host_cause(name: str, what: str) -> str | None:
-    """The cause a host event's name gives host time it covers (``what``: "runtime",
-    "overhead" or "range"), None when it gives none: the first matching row of
-    ``diagnose/data/host_calls.yaml``. The one mapping from host events to causes."""
-    for cause, w, rx in _patterns():
-        if w == what and rx.search(name):
+    """The cause a host event's name gives host time it covers (``what``: the event's kind,
+    one of :data:`PATH_EVENT_KINDS`), None when it gives none: the highest-precedence cause
+    of a matching ``diagnose/data/host_calls.yaml`` test. The one mapping from host events to
+    causes on a path."""
+    for cause, kinds, rx in _patterns():
+        if what in kinds and rx.search(name):
             return cause
     return None
+
+
+def path_causes() -> tuple[str, ...]:
+    """The causes a path's host time can have (cause table names, in host precedence)."""
+    from diagnose.vocab import HOST_CAUSES
+
+    named = {c for c, _, _ in _patterns()} | {DEFAULT_CAUSE, "host_compute"}
+    return tuple(c for c in HOST_CAUSES if c in named)
 
 
 @dataclass
@@ -100,10 +127,10 @@ def _layers(graph, tid: int) -> list[tuple[str, np.ndarray, np.ndarray]]:
     tr = graph.trace
     out: list[tuple[str, np.ndarray, np.ndarray]] = []
 
-    def add(frame, what: str) -> None:
+    def add(frame, what: str, any_thread: bool = False) -> None:
         if frame is None or not len(frame):
             return
-        sub = frame[frame["tid"].to_numpy() == tid] if "tid" in frame else frame
+        sub = frame[frame["tid"].to_numpy() == tid] if "tid" in frame and not any_thread else frame
         if not len(sub):
             return
         cause = per_unique(sub["name"], lambda u: host_cause(str(u), what), dtype=object)
@@ -112,12 +139,56 @@ def _layers(graph, tid: int) -> list[tuple[str, np.ndarray, np.ndarray]]:
             m = cause == c
             out.append((c, *_merge(s[m], e[m])))
 
-    add(getattr(tr, "overhead", None), "overhead")
+    add(getattr(tr, "overhead", None), "overhead", any_thread=True)  # the profiler's, on no host thread
     add(tr.runtime, "runtime")
     ann = tr.annotations
-    for f in (tr.cpu_ops, ann[ann["scope"] == "cpu"] if len(ann) else None):  # not python frames: their
-        add(f, "range")  # file names say "inductor" while compiled code runs
+    add(tr.cpu_ops, "op")  # not python frames: their file names say "inductor" while compiled code runs
+    add(ann[ann["scope"] == "cpu"] if len(ann) else None, "range")
+    hc = _host_compute(graph, tid)
+    if len(hc[0]):
+        out.append(("host_compute", *hc))
+    from diagnose.vocab import HOST_CAUSES
+
+    out.sort(key=lambda x: HOST_CAUSES.index(x[0]))  # the cause table's host precedence (stable)
     return out
+
+
+def _host_compute(graph, tid: int) -> tuple[np.ndarray, np.ndarray]:
+    """Host work of thread ``tid`` as merged intervals: python frames (not the framework's
+    dispatch frames), CPU ops and ranges lasting at least
+    :data:`~diagnose.analyzers.hostcause.LAUNCH_CEIL_NS` during which the thread launched
+    nothing (no kernel, graph, copy or fill call): the gap classifier's ``host_compute``."""
+    from diagnose.analyzers.hostcause import LAUNCH_CEIL_NS, name_test
+
+    tr = graph.trace
+    rt = tr.runtime
+    z = np.zeros(0, np.int64)
+    if len(rt):
+        m = (rt["tid"].to_numpy() == tid) & rt["api_kind"].isin(("launch", "graph_launch", "memcpy", "memset")).to_numpy()
+        ls = np.sort(rt["start_ns"].to_numpy(dtype=np.int64)[m])
+    else:
+        ls = z
+    ann = tr.annotations
+    ss, es = [], []
+    for f, kind in ((tr.python_frames, "frame"), (tr.cpu_ops, "op"), (ann[ann["scope"] == "cpu"] if len(ann) else None, "range")):
+        if f is None or not len(f):
+            continue
+        s = f["start_ns"].to_numpy(dtype=np.int64)
+        e = f["end_ns"].to_numpy(dtype=np.int64)
+        keep = (f["tid"].to_numpy() == tid) & (e - s >= LAUNCH_CEIL_NS)
+        if not keep.any():
+            continue
+        idx = np.flatnonzero(keep)
+        s, e = s[idx], e[idx]
+        ok = (np.searchsorted(ls, e, side="right") - np.searchsorted(ls, s, side="left")) == 0
+        if kind == "frame" and ok.any():
+            fw = per_unique(f["name"].iloc[idx], lambda u: name_test("framework_frame", str(u), "frame"))
+            ok &= ~fw
+        ss.append(s[ok])
+        es.append(e[ok])
+    if not ss:
+        return z, z
+    return _merge(np.concatenate(ss), np.concatenate(es))
 
 
 def cause_timeline(graph, tid: int) -> CauseTimeline:

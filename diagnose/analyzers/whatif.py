@@ -27,14 +27,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from diagnose.analyzers import depgraph as D
-from diagnose.analyzers.hostpath import DEFAULT_CAUSE, cause_timeline
+from diagnose.analyzers.hostpath import DEFAULT_CAUSE, cause_timeline, path_causes
 from diagnose.errors import DiagnoseError
 from diagnose.patterns import check_pattern, clip, outside_pattern
 from diagnose.vocab import CATEGORIES, EXTERNAL_CAUSES, GAP_CAUSES
 
-#: Causes ``--remove`` takes: the gap causes, and ``idle`` for every internal one.
-REMOVABLE = tuple(c for c in GAP_CAUSES if c not in ("pipelined", "outside_trace", "not_in_trace")) + ("idle",)
-INTERNAL = tuple(c for c in GAP_CAUSES if c not in EXTERNAL_CAUSES)
+#: Causes of waits the re-timing removes besides host time (module docstring).
+WAIT_CAUSES = ("launch", "switch", "graph", "dependency", "host_blocked")
+#: Causes ``--remove`` takes (names of the cause table, ``diagnose/data/causes.yaml``): those a
+#: path's host time can have (:func:`diagnose.analyzers.hostpath.path_causes`) and the waits
+#: above, in the table's order; and ``idle`` for every internal one.
+REMOVABLE = tuple(c for c in GAP_CAUSES if c in WAIT_CAUSES or c in path_causes()) + ("idle",)
+INTERNAL = tuple(c for c in REMOVABLE if c != "idle" and c not in EXTERNAL_CAUSES)
 _CALL_END, _CALL_START, _OP_START = 0, 1, 2  # order of simultaneous events: what each depends on first
 
 
