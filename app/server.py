@@ -223,12 +223,9 @@ def _cell(text: str, reason: str = "") -> html.Td:
 
 
 def _table(header: list[str], body: list[list[Any]], id: str | None = None) -> html.Table:
-    kw = {"id": id} if id else {}
-    return html.Table(
-        [html.Thead(html.Tr([html.Th(h) for h in header])),
-         html.Tbody([html.Tr([c if isinstance(c, html.Td) else html.Td(c) for c in row]) for row in body])],
-        className="dg-table", **kw,
-    )
+    rows = [html.Tr([c if isinstance(c, html.Td) else html.Td(c) for c in row]) for row in body]
+    return html.Table([html.Thead(html.Tr([html.Th(h) for h in header])), html.Tbody(rows)], className="dg-table",
+                      **({"id": id} if id else {}))
 
 
 def _graph(id: str, fig) -> dcc.Graph:
@@ -312,8 +309,7 @@ def symptom_card(c: dict) -> html.Div:
 
 
 def waits_section(report: Mapping) -> list[Any]:
-    """Where the GPU waited: idle time by cause and the longest gaps with what the host was
-    doing (per device, the ``all`` phase)."""
+    """Where the GPU waited (per device, the ``all`` phase): idle time by cause, longest gaps."""
     out: list[Any] = []
     for d in F.report_devices(report):
         w = F.waits_data(report, d)
@@ -321,8 +317,7 @@ def waits_section(report: Mapping) -> list[Any]:
             continue
         out.append(html.H3(f"Where the GPU waited (GPU {d}): idle {F.fmt_value(w['idle_ms'], 'ms')}"))
         out.append(html.Ul([html.Li([html.Span(c["cause"], className="dg-cause", style={"background": c["color"]}),
-                                     f" {c['ms_text']}: {c['label']}",
-                                     html.Span(f" — {c['levers_text']}" if c["levers_text"] else "", className="dg-muted")])
+                                     f" {c['ms_text']}: {c['label']}", html.Span(f" — {c['levers_text']}" if c["levers_text"] else "", className="dg-muted")])
                             for c in w["causes"]], id=f"causes-{d}", className="dg-causes"))
         out.append(_table(["start (ms from trace start)", "idle", "cause", "pieces", "the host was in", "host stack", "next on the GPU"],
                           [[r["start_text"], r["ms_text"],

@@ -21,7 +21,7 @@ from diagnose.textsafe import safe
 @click.option("--remove", "removes", multiple=True, metavar="CAUSE[:FRAME-REGEX]",
               help="Take away host time and waits of a cause of the cause table (launch, graph, host_blocked, "
                    "dependency, switch, cold_start, profiler_overhead, host_compute, first_call_setup, compile_guard, "
-                   "data_loading; idle = every internal cause), optionally only under python frames, CPU ops or "
+                   "data_loading, collective_wait; idle = every internal cause of idle time), optionally only under python frames, CPU ops or "
                    "ranges whose name matches the regex; repeatable.")
 @click.option("--speedup", "speedups", multiple=True, metavar="CATEGORY=FACTOR",
               help="Run a kernel category (gemm, attention, norm, elementwise, communication, moe, sampling, memcpy, "

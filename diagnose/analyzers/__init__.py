@@ -18,6 +18,8 @@ in :func:`analyze` where its inputs exist, and put what it reports into a field 
 from __future__ import annotations
 
 
+import numpy as np
+
 from diagnose.analyzers import (
     activities,
     attainment,
@@ -92,7 +94,12 @@ def analyze(trace: Trace, options: AnalysisOptions | None = None, capture: Captu
     kt = kernels.kernel_section(trace, acts.frame, steps, prep.inputs.peak, capture, prep.moe, graph_note)
     for q in kt.notes:
         notes.replace(q)
-    paths = critpath.step_paths(depgraph.build_graph(trace, acts.frame), steps, w.t0_ns)
+    graph = depgraph.build_graph(trace, acts.frame)
+    # one definition of causes: the path and the what-if read the gap classifier's host index
+    # (first calls per shape, first launches) and the collectives' waits for peers
+    graph.cache["host_causes"] = w.host
+    graph.cache["collective_wait_ns"] = coll.wait_ns[graph.row] if len(coll.wait_ns) else np.zeros(graph.n, np.int64)
+    paths = critpath.step_paths(graph, steps, w.t0_ns)
     shown = report_steps(steps)
     report = Report(
         schema_version=SCHEMA_VERSION,

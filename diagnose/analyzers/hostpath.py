@@ -13,9 +13,10 @@ change of:
   (``data_loading``), guard evaluation (``compile_guard``), host work that launches nothing
   (``host_compute``: a python frame outside the framework's dispatch path, a CPU op or a range
   of 20 µs or more during which the thread launched nothing, as the gap classifier of
-  :mod:`diagnose.analyzers.hostcause` tests it); any other host time is ``launch``. The
-  classifier's tests that need more (a first call per shape or the first launch of a kernel,
-  the compile entry of a graph-replayed step) are not applied here: that time stays ``launch``.
+  :mod:`diagnose.analyzers.hostcause` tests it), a first call per shape or a slow first
+  launch of a kernel (``first_call_setup``: the classifier's own test, when the analysis's
+  classifier is on the graph); any other host time is ``launch``. The compile entry of a
+  graph-replayed step (the classifier's ``graph_entry`` test) is not applied here.
   :func:`path_causes` are the causes a path can hold; :func:`host_cause` is the one place a
   host event's name becomes a cause.
 * **activity**: the innermost host event: a launch or copy call (``launch``), another
@@ -147,10 +148,49 @@ def _layers(graph, tid: int) -> list[tuple[str, np.ndarray, np.ndarray]]:
     hc = _host_compute(graph, tid)
     if len(hc[0]):
         out.append(("host_compute", *hc))
+    fc = _first_calls(graph, tid)
+    if len(fc[0]):
+        out.append(("first_call_setup", *fc))
     from diagnose.vocab import HOST_CAUSES
 
     out.sort(key=lambda x: HOST_CAUSES.index(x[0]))  # the cause table's host precedence (stable)
     return out
+
+
+def _first_calls(graph, tid: int) -> tuple[np.ndarray, np.ndarray]:
+    """First-call setup of thread ``tid`` as merged intervals, from the analysis's gap
+    classifier (:class:`~diagnose.analyzers.hostcause.HostCauses`, ``graph.cache
+    ["host_causes"]``): CPU ops on the first call of their (name, input shapes) that cost at
+    least twice their other calls and 20 µs more and launch something, and first launches of
+    a kernel lasting over 20 µs. None without the classifier (a graph built alone)."""
+    from diagnose.analyzers.hostcause import LAUNCH_CEIL_NS
+
+    z = np.zeros(0, np.int64)
+    host = graph.cache.get("host_causes")
+    if host is None or host.trace is not graph.trace:
+        return z, z
+    ss, es = [], []
+    ops = graph.trace.cpu_ops
+    if len(ops) and not host.warm:
+        s = ops["start_ns"].to_numpy(dtype=np.int64)
+        e = ops["end_ns"].to_numpy(dtype=np.int64)
+        rows = np.flatnonzero((ops["tid"].to_numpy() == tid) & (e - s >= LAUNCH_CEIL_NS))
+        rows = rows[host.launches_in(tid, s[rows], e[rows]) > 0]
+        if len(rows):
+            host._first_calls(rows)
+            rows = rows[host.first_call_rows[rows]]
+            ss.append(s[rows])
+            es.append(e[rows])
+    rt = graph.trace.runtime
+    if len(host.first_launch_rows) == len(rt) and len(rt):
+        s = rt["start_ns"].to_numpy(dtype=np.int64)
+        e = rt["end_ns"].to_numpy(dtype=np.int64)
+        m = host.first_launch_rows & (rt["tid"].to_numpy() == tid) & (e - s > LAUNCH_CEIL_NS)
+        ss.append(s[m])
+        es.append(e[m])
+    if not ss:
+        return z, z
+    return _merge(np.concatenate(ss), np.concatenate(es))
 
 
 def _host_compute(graph, tid: int) -> tuple[np.ndarray, np.ndarray]:

@@ -4,8 +4,11 @@ A :class:`Scenario` removes host time of some causes (all of it, or only under p
 CPU ops or ranges whose name matches a regex: ``--remove CAUSE[:FRAME-REGEX]``), the waits
 of some causes (``launch``: launch latency; ``switch``/``graph``: gaps between queued
 kernels; ``dependency``: cross-stream waits; ``host_blocked``: blocking calls return as
-soon as they are called), and speeds up kernel categories (``--speedup CATEGORY=FACTOR``,
-``inf`` removes them). ``idle`` removes every internal (not external) cause at once.
+soon as they are called; ``collective_wait``: the part of collective kernels spent waiting for
+peers), and speeds up kernel categories (``--speedup CATEGORY=FACTOR``, ``inf`` removes them;
+a faster interconnect shortens a collective's transfer, never its wait for peers). ``idle``
+removes every internal (not external) cause of idle time at once. The causes are the cause
+table's (``diagnose/data/causes.yaml``), named on the path as the gap classifier names them.
 
 Each step is **re-timed** on the dependency graph (:mod:`diagnose.analyzers.depgraph`), from
 its path's start (held fixed: the anchor or the previous step's GPU end) to its last GPU
@@ -32,13 +35,15 @@ from diagnose.errors import DiagnoseError
 from diagnose.patterns import check_pattern, clip, outside_pattern
 from diagnose.vocab import CATEGORIES, EXTERNAL_CAUSES, GAP_CAUSES
 
-#: Causes of waits the re-timing removes besides host time (module docstring).
-WAIT_CAUSES = ("launch", "switch", "graph", "dependency", "host_blocked")
+#: Causes of waits the re-timing removes besides host time (module docstring), and
+#: ``collective_wait``: the part of collective kernels spent waiting for peers.
+WAIT_CAUSES = ("launch", "switch", "graph", "dependency", "host_blocked", "collective_wait")
 #: Causes ``--remove`` takes (names of the cause table, ``diagnose/data/causes.yaml``): those a
 #: path's host time can have (:func:`diagnose.analyzers.hostpath.path_causes`) and the waits
 #: above, in the table's order; and ``idle`` for every internal one.
 REMOVABLE = tuple(c for c in GAP_CAUSES if c in WAIT_CAUSES or c in path_causes()) + ("idle",)
-INTERNAL = tuple(c for c in REMOVABLE if c != "idle" and c not in EXTERNAL_CAUSES)
+#: What ``idle`` removes: the internal causes of idle time (not collective_wait: busy GPU time).
+INTERNAL = tuple(c for c in REMOVABLE if c not in ("idle", "collective_wait") and c not in EXTERNAL_CAUSES)
 _CALL_END, _CALL_START, _OP_START = 0, 1, 2  # order of simultaneous events: what each depends on first
 
 
@@ -143,7 +148,12 @@ def _removal(g: D.DepGraph, sc: Scenario) -> _Removal:
         keep[m] = np.minimum(keep[m], 0.0 if math.isinf(f) else 1.0 / f)
     for i, f in sc.ops:
         keep[i] = min(keep[i], f)
-    op_removed = np.rint(dur * (1.0 - keep)).astype(np.int64)
+    # a faster interconnect shortens a collective's transfer, not its wait for peers
+    wait = g.cache.get("collective_wait_ns")
+    wait = np.zeros(g.n, dtype=np.int64) if wait is None else np.minimum(wait, dur)
+    op_removed = np.rint((dur - wait) * (1.0 - keep)).astype(np.int64)
+    if any(c == "collective_wait" for c, _ in sc.remove):
+        op_removed += wait
     lag = np.zeros(g.n, dtype=bool)
     plain = [c for c, rx in sc.remove if rx is None]
     plain_causes = set(INTERNAL) if "idle" in plain else set(plain)
