@@ -529,7 +529,10 @@ def test_ctrl_c_exits_130():
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_ctrl_c_of_a_real_run_exits_130(tmp_path):
     # the user presses Ctrl-C while the trace is being decoded
+    # A shell that starts a job in the background (``cmd &``) hands it SIGINT ignored, and the
+    # child inherits that: restore Python's own handler, as a terminal's foreground job has it.
     code = ("import signal, os, threading\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "import diagnose.trace.kineto as k\n"
             "def slow(*a, **kw):\n    os.kill(os.getpid(), signal.SIGINT)\n    threading.Event().wait(30)\n"
             "k.load_kineto = slow\n"
