@@ -531,7 +531,8 @@ def kernel_table_rows(report: Mapping, limit: int = 20) -> list[dict]:
     out = []
     for r in (report.get("kernel_table") or [])[:limit]:
         shares = [x for x in (r.get("peak_tflops_share"), r.get("peak_tbps_share")) if x is not None]
-        out.append({"phase": r.get("phase") or "", "op": r.get("op") or "—", "input_dims": str(r.get("input_dims") or "")[:60],
+        out.append({"device": r.get("device"), "phase": r.get("phase") or "", "op": r.get("op") or "—",
+                    "input_dims": str(r.get("input_dims") or "")[:60],
                     "kernel": str(r.get("kernel") or "")[:80], "calls": r.get("calls"),
                     "total": fmt_value(r.get("total_ms"), "ms"), "share": fmt_value(r.get("kernel_time_share"), "share"),
                     "tflops": fmt_value(r.get("achieved_tflops")), "tbps": fmt_value(r.get("achieved_tbps")),
@@ -771,6 +772,7 @@ def compare_view(cmp: Any) -> dict:
     else:
         expl = "No TTFT/TPOT percentile regressed beyond the latency-regression rule's threshold."
     rows = []
+    several = len(getattr(cmp, "pairs", ())) > 1  # device pairs: each device-level row names its pair
     for r in cmp.rows:
         a, b = r["baseline"], r["candidate"]
         if a is None and b is None:
@@ -786,7 +788,8 @@ def compare_view(cmp: Any) -> dict:
         neutral = 1.0 if r["kind"] == "ms" else 0.0
         higher_better = r["finding"].endswith((".mfu", ".mbu"))
         worse = None if ch is None else (ch < neutral if higher_better else ch > neutral)
-        rows.append({"metric": r["name"], "finding": r["finding"], "a_text": fmt_value(a, unit), "b_text": fmt_value(b, unit),
+        devs = f" [devices {r['devices'][0]}:{r['devices'][1]}]" if several and r.get("devices") else ""
+        rows.append({"metric": r["name"] + devs, "finding": r["finding"], "a_text": fmt_value(a, unit), "b_text": fmt_value(b, unit),
                      "change_text": text, "worse": worse})
     cat_rows = [{"phase": d["phase"], "category": d["category"], "a_text": fmt_value(d["baseline_ms"], "ms"),
                  "b_text": fmt_value(d["candidate_ms"], "ms"),

@@ -22,6 +22,7 @@ from plotly.offline import get_plotlyjs
 from diagnose.app import figures as F
 from diagnose.app.timeline import host_lane, prepare_timeline, timeline_figure
 from diagnose.hardware import describe_devices, describe_peak
+from diagnose.pipeline import device_headline_lines
 
 _CSS = """
 body { font-family: -apple-system, BlinkMacSystemFont, "Segoe UI", Roboto, sans-serif; margin: 0 auto; max-width: 1400px; padding: 1em 1.5em; color: #222; }
@@ -105,6 +106,7 @@ def render_html(report: Mapping, activities=None, *, title: str | None = None, m
         partial=bool(report.get("partial")),
         generated=_dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
         banner=F.banner_data(report),
+        device_headlines=device_headline_lines(report),
         key_numbers=[{**k, "value_text": F.fmt_value(k["value"], k["unit"])} for k in F.key_numbers(report)],
         waits=waits,
         cards=cards,

@@ -42,6 +42,7 @@ from diagnose.app import hostcheck
 from diagnose.app import figures as F
 from diagnose.app.timeline import TimelineData, host_lane, parse_relayout, prepare_timeline, timeline_figure
 from diagnose.hardware import describe_devices, describe_peak
+from diagnose.pipeline import device_headline_lines
 
 #: Inputs larger than this get a progress bar on stderr while they are analysed.
 PROGRESS_THRESHOLD_BYTES = 100 * 1024 * 1024
@@ -243,6 +244,7 @@ def overview_page(entry: TraceEntry) -> html.Div:
         html.Div([html.H2(b["title"]), html.Div(b["text"], id="headline")] + ([html.Div(b["caveat"], className="dg-caveat")]
                  if b.get("caveat") else []), id="overview-banner", className="dg-banner",
                  style={"background": b["color"]}, **{"data-severity": b["severity"]}),
+        html.Ul([html.Li(line) for line in device_headline_lines(r)], id="device-headlines"),
         html.Div([html.Div([html.Div(F.fmt_value(k["value"], k["unit"]), className="v"), html.Div(k["label"], className="l")],
                            className="dg-num", id=f"num-{k['id']}") for k in F.key_numbers(r)],
                  className="dg-cards", id="key-numbers"),
@@ -419,8 +421,8 @@ def kernel_table_view(report: Mapping) -> Any:
     rows = F.kernel_table_rows(report)
     if not rows:
         return html.P("not available: the report has no kernel table", className="dg-muted", id="kernel-table")
-    return _table(["phase", "op", "input dims", "kernel", "calls", "total", "share", "TFLOP/s", "TB/s", "of peak", "bound"],
-                  [[r["phase"], r["op"], r["input_dims"], r["kernel"], r["calls"], r["total"], r["share"], r["tflops"],
+    return _table(["device", "phase", "op", "input dims", "kernel", "calls", "total", "share", "TFLOP/s", "TB/s", "of peak", "bound"],
+                  [[r["device"], r["phase"], r["op"], r["input_dims"], r["kernel"], r["calls"], r["total"], r["share"], r["tflops"],
                     r["tbps"], r["peak"], r["bound"]] for r in rows], id="kernel-table")
 
 
@@ -646,10 +648,19 @@ def compare_result(state: AppState, a_key: Any, b_key: Any):
 
 
 def compare_output(state: AppState, a_key: Any, b_key: Any) -> list:
+    from diagnose.errors import DiagnoseError
+    from diagnose.findings import describe_pairs
+
     a, b = state.get(a_key), state.get(b_key)
-    d = F.compare_view(compare_result(state, a_key, b_key))
-    banner = html.Div([html.H2(d["verdict"].upper()), html.Div(d["explanation"])], id="compare-verdict",
-                      className=f"dg-banner dg-verdict-{d['css']}", **{"data-verdict": d["verdict"]})
+    try:
+        cmp = compare_result(state, a_key, b_key)
+    except DiagnoseError as e:  # device sets that cannot be paired: say so, as `diagnose compare` does
+        return [html.Div([html.H2("CANNOT COMPARE"), html.Div(str(e))], id="compare-verdict",
+                         className="dg-banner dg-verdict-inconclusive", **{"data-verdict": "not comparable"})]
+    d = F.compare_view(cmp)
+    banner = html.Div([html.H2(d["verdict"].upper()), html.Div(d["explanation"]),
+                       html.Div(describe_pairs(cmp.pairs, [f"A: {a.label}", f"B: {b.label}"]), id="compare-pairs")],
+                      id="compare-verdict", className=f"dg-banner dg-verdict-{d['css']}", **{"data-verdict": d["verdict"]})
     body = [[r["metric"], r["a_text"], r["b_text"],
              html.Td(r["change_text"], style={"color": "#c62828" if r["worse"] else "#2e7d32" if r["worse"] is False else None})]
             for r in d["rows"]]

@@ -52,7 +52,7 @@ def analysis_options(fn: Callable | None = None, *, device_help: str | None = No
             click.option("--window", default=None, metavar="START:END",
                          help="Analyse only events starting in this window, ms from the trace start (e.g. 100:250, 500:)."),
             click.option("--device", type=int, default=None,
-                         help=device_help or "Analyse only this GPU device id (default: every device; rules read the busiest)."),
+                         help=device_help or "Analyse only this GPU device id (default: every device; the rules read each one and the report leads with the finding of largest stake, naming its device)."),
             click.option("--lenient", is_flag=True, help="Repair numbers written with a decimal comma (a locale bug) instead of refusing the file."),
         ]
         for o in reversed(opts):

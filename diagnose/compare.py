@@ -2,6 +2,11 @@
 findings, the regression verdict of the compare-scope rules, and per-category and per-kernel
 time deltas. ``diagnose compare`` and the web ``/compare`` page both call :func:`compare_reports`,
 so they always give the same verdict for the same thresholds.
+
+Devices are paired by id (:func:`diagnose.findings.pair_devices`): device 0 of the baseline
+with device 0 of the candidate, 1 with 1...; a file of one device with the other's one
+device; traces whose device sets differ are refused unless the caller says which to pair.
+Latency (TTFT, TPOT) belongs to the trace; every per-device number is compared pair by pair.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from msgspec import UNSET
 
 from diagnose.analyzers.base import declared
 from diagnose.engine import RuleSet, Verdicts, evaluate
-from diagnose.findings import Findings, as_report, device_rows, flatten, labels, report_findings, select_device
+from diagnose.findings import Findings, as_report, device_rows, pair_devices, report_findings, select_device
 from diagnose.model import Report
 from diagnose.numeric import div
 
@@ -39,15 +44,18 @@ _DELTA_CHANGES = {
 
 
 def compare_findings(baseline: Report | Mapping[str, Any], candidate: Report | Mapping[str, Any],
-                     device: int | None = None) -> Findings:
-    """``baseline.*``, ``candidate.*`` (every single-trace finding) and ``delta.*``.
+                     device: int | None = None, candidate_device: int | None = None) -> Findings:
+    """``baseline.*``, ``candidate.*`` (every single-trace finding) and ``delta.*``, the
+    baseline's numbers of ``device`` against the candidate's of ``candidate_device`` (default:
+    the same id).
 
     Ratios are candidate / baseline (None when either is missing or the baseline is 0).
     ``delta.worst_latency_ratio`` is the largest of the TTFT and TPOT p50/p90/p99 ratios
     (the TTFT proxy ratio stands in when no prefill percentile exists): docs/prefill-decode.md §7
     "any of TTFT/TPOT p50/p90/p99 more than 50 % worse than baseline = roll back".
     """
-    fb, fc = report_findings(baseline, device), report_findings(candidate, device)
+    fb = report_findings(baseline, device)
+    fc = report_findings(candidate, device if candidate_device is None else candidate_device)
     out: Findings = {}
     for k, v in fb.items():
         out[f"baseline.{k}"] = v
@@ -86,6 +94,9 @@ COMPARE_ROWS = (
 
 REGRESSION_RULE = "latency-regression"
 
+#: Rows of :data:`COMPARE_ROWS` that belong to the trace (its steps), not to a device.
+TRACE_ROW_PREFIX = "latency."
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -107,6 +118,9 @@ class Comparison:
         kernel_deltas: the kernels with the largest absolute time change (top kernels of
             each phase): name, category, phase, baseline_ms, candidate_ms, ratio.
         warnings: reasons the numbers may not compare like for like.
+        pairs: the device pairings compared, (baseline device, candidate device) each
+            (:func:`diagnose.findings.pair_devices`); device-level rows, deltas and symptoms
+            carry theirs as ``devices``.
         exit_code: 1 on a failing symptom, when not comparable unless allowed, or when a report
             is unreliable unless allowed; else 0.
         unreliable: "baseline: ..." / "candidate: ..." for each report with unreliable or
@@ -128,6 +142,7 @@ class Comparison:
     exit_code: int = 0
     unreliable: list[str] = field(default_factory=list)
     allow_partial: bool = False
+    pairs: list[tuple[int | None, int | None]] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -145,6 +160,7 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         return {
             "verdict": self.verdict,
+            "pairs": [{"baseline": b, "candidate": c} for b, c in self.pairs],
             "metrics": self.rows,
             "deltas": {k: v for k, v in self.findings.items() if k.startswith("delta.")},
             "category_deltas": self.category_deltas,
@@ -163,59 +179,108 @@ class Comparison:
 
 def compare_reports(baseline: Report | Mapping[str, Any], candidate: Report | Mapping[str, Any], ruleset: RuleSet,
                     metrics: Findings | None = None, device: int | None = None, fail_on: str = "high",
-                    allow_missing: bool = False, allow_partial: bool = False, reevaluate: bool = False) -> Comparison:
+                    allow_missing: bool = False, allow_partial: bool = False, reevaluate: bool = False,
+                    pair_spec: str | None = None) -> Comparison:
     """Compare two reports with the compare-scope rules (and metrics-scope ones when
-    ``metrics`` is given), honouring the rule set's thresholds and disabled rules. A report
-    with :func:`unreliable_reasons` makes the verdict "unreliable" (exit 1) unless
-    ``allow_partial``, as ``diagnose gate`` does.
+    ``metrics`` is given), honouring the rule set's thresholds and disabled rules, device pair
+    by device pair. A report with :func:`unreliable_reasons` makes the verdict "unreliable"
+    (exit 1) unless ``allow_partial``, as ``diagnose gate`` does.
+
+    Devices: ``device`` (in both reports), else the pairings of ``pair_spec`` (``--pair-devices
+    0:1,1:0``), else :func:`diagnose.findings.pair_devices` (by id). Each pairing's rows, deltas
+    and verdicts carry ``devices`` [baseline, candidate]; the trace's latency rows come once.
 
     New and resolved symptoms: each report's own trace verdicts (``symptoms``, attached by
-    :func:`diagnose.pipeline.attach_verdicts`), so their text is the one ``diagnose run``
-    prints; with ``reevaluate`` (the rule options ``--threshold``, ``--rules``,
-    ``--rules-config`` were given), or for a report without verdicts, both are evaluated
-    again with ``ruleset``, with their findings and labels.
+    :func:`diagnose.pipeline.attach_verdicts`, one per device), matched across the pairings, so
+    their text is the one ``diagnose run`` prints; with ``reevaluate`` (the rule options
+    ``--threshold``, ``--rules``, ``--rules-config`` were given), or for a report without
+    verdicts, both are evaluated again with ``ruleset`` on every device.
 
     Raises:
-        DiagnoseError: ``device`` is in neither report.
+        DiagnoseError: ``device`` is in neither report; the device sets differ and no pairing
+            was given; a pairing names a device a report lacks.
     """
     baseline, candidate = as_report(baseline), as_report(candidate)
-    findings = compare_findings(baseline, candidate, device)
-    if metrics:
-        findings.update(metrics)
+    if device is not None:
+        pairs = [(select_device(baseline, device), select_device(candidate, device))]
+    else:
+        pairs = [(p[0], p[1]) for p in pair_devices([baseline, candidate], ["baseline", "candidate"], pair_spec)]
     scopes = ["compare"] + (["metrics"] if metrics else [])
-    verdicts = evaluate(ruleset.rules, findings, scope=scopes, overrides=ruleset.overrides)
-    fb = {k[len("baseline."):]: v for k, v in findings.items() if k.startswith("baseline.")}
-    fc = {k[len("candidate."):]: v for k, v in findings.items() if k.startswith("candidate.")}
-    sb, sc = (trace_symptoms(r, ruleset, device, reevaluate) for r in (baseline, candidate))
-    new = [s for s in sc if s["id"] not in {x["id"] for x in sb}]
-    gone = [s for s in sb if s["id"] not in {x["id"] for x in sc}]
+    per_pair = []
+    for db, dc in pairs:
+        f = compare_findings(baseline, candidate, db, dc)
+        if metrics:
+            f.update(metrics)
+        per_pair.append((db, dc, f, evaluate(ruleset.rules, f, scope=scopes, overrides=ruleset.overrides)))
+    findings = per_pair[0][2]
+    verdicts = _merge_pair_verdicts(per_pair, len(pairs) > 1)
+    sb, sc = (trace_symptoms(r, ruleset, None, reevaluate) for r in (baseline, candidate))
+    new, gone = _new_and_resolved(sb, sc, pairs)
     regression = any(s["id"] == REGRESSION_RULE for s in verdicts.symptoms)
     failing = verdicts.at_least(fail_on)
     comparable = not any(n["id"] == REGRESSION_RULE for n in verdicts.not_evaluated)
     unreliable = [f"{label}: {', '.join(r)}" for label, rep in (("baseline", baseline), ("candidate", candidate))
                   if (r := unreliable_reasons(rep))]
     code = 1 if failing or (not comparable and not allow_missing) or (unreliable and not allow_partial) else 0
-    rows = [{"name": label, "finding": key, "kind": kind, "baseline": fb.get(key), "candidate": fc.get(key),
-             ("ratio" if kind == "ms" else "change"): findings.get(dkey)} for label, key, kind, dkey in COMPARE_ROWS]
-    warnings = like_for_like_warnings([baseline, candidate], ["baseline", "candidate"], device)
+    rows = []
+    for i, (db, dc, f, _) in enumerate(per_pair):
+        fb = {k[len("baseline."):]: v for k, v in f.items() if k.startswith("baseline.")}
+        fc = {k[len("candidate."):]: v for k, v in f.items() if k.startswith("candidate.")}
+        for label, key, kind, dkey in COMPARE_ROWS:
+            trace_row = key.startswith(TRACE_ROW_PREFIX)
+            if trace_row and i:
+                continue
+            rows.append({"name": label, "finding": key, "kind": kind, "baseline": fb.get(key), "candidate": fc.get(key),
+                         ("ratio" if kind == "ms" else "change"): f.get(dkey), "devices": None if trace_row else [db, dc]})
+    warnings = like_for_like_warnings([baseline, candidate], ["baseline", "candidate"], devices=list(pairs[0]))
+    cat = [dict(d, devices=[db, dc]) for db, dc in pairs for d in category_deltas(baseline, candidate, db, dc)]
+    ker = [dict(d, devices=[db, dc]) for db, dc in pairs for d in kernel_deltas(baseline, candidate, db, candidate_device=dc)]
+    ker.sort(key=lambda r: (-abs(r["candidate_ms"] - r["baseline_ms"]), r["name"]))
     return Comparison(findings=findings, verdicts=verdicts, rows=rows, regression=regression, comparable=comparable,
-                      failing=failing, new_symptoms=new, resolved_symptoms=gone,
-                      category_deltas=category_deltas(baseline, candidate, device),
-                      kernel_deltas=kernel_deltas(baseline, candidate, device),
-                      warnings=warnings, exit_code=code, unreliable=unreliable, allow_partial=allow_partial)
+                      failing=failing, new_symptoms=new, resolved_symptoms=gone, category_deltas=cat,
+                      kernel_deltas=ker[:10], warnings=warnings, exit_code=code, unreliable=unreliable,
+                      allow_partial=allow_partial, pairs=pairs)
+
+
+def _merge_pair_verdicts(per_pair: list, several: bool) -> Verdicts:
+    """The verdicts of every pairing in one: a verdict that reads the same in several pairings
+    (a trace-level rule such as the latency regression) once; with several pairings each
+    entry carries ``devices`` [baseline, candidate]."""
+    out = Verdicts()
+    seen: set[tuple] = set()
+    for db, dc, _, v in per_pair:
+        for bucket, entries in (("symptoms", v.symptoms), ("passed", v.passed), ("not_evaluated", v.not_evaluated)):
+            for e in entries:
+                key = (bucket, e["id"], e.get("summary") or e.get("reason"))
+                if key in seen:
+                    continue
+                seen.add(key)
+                getattr(out, bucket).append(dict(e, devices=[db, dc]) if several else e)
+    return out
+
+
+def _new_and_resolved(sb: list[dict], sc: list[dict], pairs: list[tuple]) -> tuple[list[dict], list[dict]]:
+    """Trace-scope symptoms fired only in the candidate / only in the baseline, matched by rule
+    id and device pairing (a symptom of an unpaired device is neither)."""
+    to_c = {b: c for b, c in pairs}
+    to_b = {c: b for b, c in pairs}
+    keys_b = {(s["id"], to_c[s.get("device")]) for s in sb if s.get("device") in to_c}
+    keys_c = {(s["id"], s.get("device")) for s in sc if s.get("device") in to_b}
+    new = [s for s in sc if s.get("device") in to_b and (s["id"], s.get("device")) not in keys_b]
+    gone = [s for s in sb if s.get("device") in to_c and (s["id"], to_c[s.get("device")]) not in keys_c]
+    return new, gone
 
 
 def trace_symptoms(report: Report, ruleset: RuleSet, device: int | None = None, reevaluate: bool = False) -> list[dict[str, Any]]:
-    """The trace-scope symptoms of a report: its own (as ``diagnose run`` printed them) unless
-    ``reevaluate`` or it has none attached; else evaluated with ``ruleset`` on its findings,
-    with the same unreliable numbers and labels the pipeline uses."""
-    from diagnose.findings import unreliable_findings
+    """The trace-scope symptoms of a report, each with its ``device``: its own (as ``diagnose
+    run`` printed them) unless ``reevaluate`` or it has none attached; else evaluated with
+    ``ruleset`` on every device (only ``device`` when given) with the same unreliable numbers
+    and labels the pipeline uses (:func:`diagnose.pipeline.evaluate_devices`)."""
+    from diagnose.pipeline import evaluate_devices
 
     if report.symptoms is not UNSET and not reevaluate:
-        return [s.to_dict() for s in report.symptoms]
-    v = evaluate(ruleset.rules, flatten(report, device), scope="trace", overrides=ruleset.overrides,
-                 unreliable=unreliable_findings(report, device), labels=labels(report, device))
-    return v.symptoms
+        return [s.to_dict() for s in report.symptoms if device is None or s.device in (device, UNSET, None)]
+    return evaluate_devices(report, ruleset, device)[1].symptoms
 
 
 def _setup(report: Report, device: int | None) -> dict[str, Any]:
@@ -232,10 +297,13 @@ def _setup(report: Report, device: int | None) -> dict[str, Any]:
 
 
 def like_for_like_warnings(reports: Sequence[Report | Mapping[str, Any]], labels: Sequence[str], device: int | None = None,
-                           keys: Sequence[str] = ("device", "model", "decode batch", "prompt tokens")) -> list[str]:
+                           keys: Sequence[str] = ("device", "model", "decode batch", "prompt tokens"),
+                           devices: Sequence[int | None] | None = None) -> list[str]:
     """One warning per setting that differs between the reports (device name, model config,
-    median decode batch, median prompt length): the comparison may not be like for like."""
-    setups = [_setup(as_report(r), device) for r in reports]
+    median decode batch, median prompt length): the comparison may not be like for like.
+    ``devices``: the device read in each report (default ``device`` in all)."""
+    devs = list(devices) if devices is not None else [device] * len(reports)
+    setups = [_setup(as_report(r), d) for r, d in zip(reports, devs)]
     out = []
     for k in keys:
         vals = [s[k] for s in setups]
@@ -261,11 +329,14 @@ def unreliable_reasons(report: Report | Mapping[str, Any]) -> list[str]:
     return out
 
 
-def category_deltas(baseline: Report, candidate: Report, device: int | None = None) -> list[dict[str, Any]]:
+def category_deltas(baseline: Report, candidate: Report, device: int | None = None,
+                    candidate_device: int | None = None) -> list[dict[str, Any]]:
     """Per phase present in both reports and kernel category present in either: time in each
-    (ms, summed kernel durations) and candidate / baseline. A trade (GEMM slower, elementwise
-    faster) shows here even when the totals match."""
-    pb, pc = device_rows(as_report(baseline), device), device_rows(as_report(candidate), device)
+    (ms, the category's busy union on the device) and candidate / baseline, the baseline's
+    ``device`` against the candidate's ``candidate_device`` (default: the same id). A trade
+    (GEMM slower, elementwise faster) shows here even when the totals match."""
+    pb = device_rows(as_report(baseline), device)
+    pc = device_rows(as_report(candidate), device if candidate_device is None else candidate_device)
     out = []
     for name in pb:
         if name not in pc or name == "unknown":
@@ -277,10 +348,13 @@ def category_deltas(baseline: Report, candidate: Report, device: int | None = No
     return out
 
 
-def kernel_deltas(baseline: Report, candidate: Report, device: int | None = None, limit: int = 10) -> list[dict[str, Any]]:
+def kernel_deltas(baseline: Report, candidate: Report, device: int | None = None, limit: int = 10,
+                  candidate_device: int | None = None) -> list[dict[str, Any]]:
     """The ``limit`` kernels (by name, among each report's top kernels per phase) whose time
-    changed most, largest absolute change first; a kernel absent from one side counts 0 ms there."""
-    pb, pc = device_rows(as_report(baseline), device), device_rows(as_report(candidate), device)
+    changed most, largest absolute change first; a kernel absent from one side counts 0 ms there
+    (the baseline's ``device`` against the candidate's ``candidate_device``, default the same id)."""
+    pb = device_rows(as_report(baseline), device)
+    pc = device_rows(as_report(candidate), device if candidate_device is None else candidate_device)
     out = []
     for name in pb:
         if name not in pc or name in ("all", "unknown"):

@@ -61,7 +61,9 @@ def as_report(report: Report | Mapping[str, Any]) -> Report:
 
 def select_device(report: Report, device: int | None = None) -> int | None:
     """Device whose phases the findings (and every view's per-device numbers) describe:
-    ``device`` if given, else the one with the most GPU busy time (ties: the lowest id).
+    ``device`` if given; else the device the report's headline names (the finding of largest
+    stake across devices, :func:`diagnose.pipeline.attach_verdicts`); else the one with the
+    most GPU busy time (ties: the lowest id).
 
     Raises:
         DiagnoseError: ``device`` is not one of the report's devices.
@@ -80,8 +82,73 @@ def select_device(report: Report, device: int | None = None) -> int | None:
         return device
     if not alls:
         return None
+    h = report.headline
+    if h is not UNSET and h is not None and h.device is not None and h.device in devs:
+        return h.device
     best = max(alls, key=lambda p: (num(p.gpu_busy_ms) or 0.0, -(p.device or 0)))
     return best.device
+
+
+def device_ids(report: Report | Mapping[str, Any]) -> list[int]:
+    """The report's devices with GPU activity (an ``all`` phase row), in id order."""
+    report = as_report(report)
+    return sorted({p.device for p in report.phases if p.name == "all" and p.device is not None})
+
+
+#: What ``--pair-devices`` accepts (README "Comparing traces"): one pairing per comma, the
+#: device ids of the traces in order joined by ':' (``0:1,1:0`` pairs baseline 0 with candidate 1
+#: and baseline 1 with candidate 0).
+PAIR_SPEC_HELP = "BASE:CAND[,BASE:CAND...]"
+
+
+def pair_devices(reports: list[Report], labels: list[str], spec: str | None = None) -> list[tuple[int | None, ...]]:
+    """Which device of each report to read together: one tuple per pairing (one device id per
+    report, in order).
+
+    Without ``spec``: by device id when every report holds the same devices (``[(0, 0), (1, 1)]``
+    for two two-GPU files), the one device of each when no report holds more than one (a file per
+    rank), ``[(None, ...)]`` when none has GPU activity. ``spec`` (``--pair-devices``) names the
+    pairings: ``"0:1,1:0"``, one id per report joined by ':'.
+
+    Raises:
+        DiagnoseError: the device sets differ and no ``spec`` says which to pair (one line naming
+            each report's devices), or ``spec`` is malformed or names a device a report lacks.
+    """
+    sets = [device_ids(r) for r in reports]
+    if spec is not None:
+        return _parse_pairs(spec, sets, labels)
+    if all(s == sets[0] for s in sets):
+        return [tuple(d for _ in sets) for d in sets[0]] or [tuple(None for _ in sets)]
+    if all(len(s) <= 1 for s in sets):
+        return [tuple(s[0] if s else None for s in sets)]
+    held = "; ".join(f"{lab}: {', '.join(map(str, s)) or 'none'}" for lab, s in zip(labels, sets))
+    example = ":".join(str(s[0]) if s else "0" for s in sets)
+    raise DiagnoseError(f"the traces hold different devices ({held}): say which to pair with --pair-devices "
+                        f"{':'.join(['D'] * len(sets))}[,...] (e.g. --pair-devices {example}), or analyse one with --device")
+
+
+def _parse_pairs(spec: str, sets: list[list[int]], labels: list[str]) -> list[tuple[int | None, ...]]:
+    out: list[tuple[int | None, ...]] = []
+    for part in (x.strip() for x in str(spec).split(",")):
+        ids = part.split(":")
+        if not part or len(ids) != len(sets) or not all(i.strip().isdigit() for i in ids):
+            raise DiagnoseError(f"--pair-devices expects {len(sets)} device ids joined by ':' per pairing, "
+                                f"pairings separated by ',' (e.g. {':'.join(['0'] * len(sets))}), got {spec!r}")
+        pair = tuple(int(i) for i in ids)
+        for lab, s, d in zip(labels, sets, pair):
+            if d not in s:
+                raise DiagnoseError(f"--pair-devices {part}: device {d} is not in {lab} "
+                                    f"(devices with GPU activity: {', '.join(map(str, s)) or 'none'})")
+        out.append(pair)
+    return out
+
+
+def describe_pairs(pairs: list[tuple[int | None, ...]], labels: list[str]) -> str:
+    """One line naming the pairings: "devices paired: baseline 0 with candidate 0, baseline 1 with candidate 1"."""
+    def one(pair):
+        return " with ".join(f"{lab} {'-' if d is None else d}" for lab, d in zip(labels, pair))
+
+    return "devices paired: " + ", ".join(one(p) for p in pairs)
 
 
 def device_rows(report: Report, device: int | None = None) -> dict[str, PhaseRow]:
@@ -102,11 +169,15 @@ def unreliable_findings(report: Report, device: int | None = None) -> set[str]:
     """Dotted names of the selected device's phase numbers the report marks unreliable
     (each phase's ``unreliable`` list, e.g. idle and launch-gap shares when graph coverage is low)."""
     rows = device_rows(report, device)
-    out = {f"{n}.{k}" for n, p in rows.items() for k in p.unreliable}
     main = main_row(rows)
     if main is not None:
-        out |= {f"main.{k}" for k in main.unreliable}
-    return out
+        rows = {**rows, "main": main}
+    # a number the phase marks unreliable makes the findings derived from it unreliable too
+    return {f"{n}.{k}" for n, p in rows.items() for u in p.unreliable for k in (u, *_DERIVED.get(u, ()))}
+
+
+#: Findings computed from a phase number (when that number is unreliable, so are they).
+_DERIVED = {"launch_gap_share": ("launch_gap_own_share",), "gpu_idle_share": ("gpu_idle_own_share",)}
 
 
 # ---------------------------------------------------------------- the flatten
@@ -136,6 +207,8 @@ def flatten(report: Report | Mapping[str, Any], device: int | None = None, inclu
     main = main_row(rows)
     for name, p in list(rows.items()) + ([("main", main)] if main is not None else []):
         _phase(p, name, out)
+    own = [x for x in (num(rows[ph].own_ms) for ph in STEP_PHASES if ph in rows) if x]
+    out["steps.own_ms"] = sum(own) if own else None
     _launches(report, out)
     out["trace.device"] = dev
     alls = [p for p in report.phases if p.name == "all" and p.device is not None]
@@ -158,7 +231,11 @@ def flatten(report: Report | Mapping[str, Any], device: int | None = None, inclu
 
 
 def _phase(p: PhaseRow, n: str, out: Findings) -> None:
-    """``<n>.*`` of one phase row: waits, steps, attainment, phase stats, timeline, categories."""
+    """``<n>.*`` of one phase row: waits, steps, attainment, phase stats, timeline, categories.
+
+    Shares of the window are over the phase's *own* window (``<n>.own_window_ms``: the GPU
+    window less idle time whose cause is outside the served steps, equal to ``window_ms``
+    when there is none): one denominator for every share of the window a rule reads."""
     measured = p.activity_count > 0  # no GPU activity: nothing measured
     by = p.idle_by_cause_ms
     for c in GAP_CAUSES:
@@ -166,11 +243,12 @@ def _phase(p: PhaseRow, n: str, out: Findings) -> None:
     longest = p.gaps.longest
     out[f"{n}.longest_gap_ms"] = (longest[0].duration_ms if longest else 0.0) if measured else None
     window, busy = p.window_ms, p.gpu_busy_ms
-    own_share = own_idle = None
+    own_share = own_idle = own_window = None
     if measured and window and busy is not None:
-        own_window = window - sum(float(by.get(c, 0.0)) for c in EXTERNAL_CAUSES)
+        own_window = max(window - sum(float(by.get(c, 0.0)) for c in EXTERNAL_CAUSES), 0.0)
         own_idle = max(0.0, own_window - busy)
         own_share = own_idle / own_window if own_window > 0 else None
+    out[f"{n}.own_window_ms"] = own_window
     out[f"{n}.gpu_idle_own_share"] = own_share
     out[f"{n}.idle_own_ms"] = own_idle
     hb = [g.duration_ms for g in longest if g.cause == "host_blocked"]
@@ -182,11 +260,14 @@ def _phase(p: PhaseRow, n: str, out: Findings) -> None:
     _attainment(p, n, out)
     for k in ("small_kernel_ms", "small_kernel_count", "h2d_ms", "comm_exposed_ms"):
         out[f"{n}.{k}"] = num(getattr(p, k))
-    out[f"{n}.small_kernel_share"] = div(p.small_kernel_ms, window)
-    out[f"{n}.h2d_share"] = div(p.h2d_ms, window)
-    out[f"{n}.comm_exposed_share"] = div(p.comm_exposed_ms, window)
+    out[f"{n}.small_kernel_share"] = div(p.small_kernel_ms, own_window)
+    out[f"{n}.h2d_share"] = div(p.h2d_ms, own_window)
+    out[f"{n}.comm_exposed_share"] = div(p.comm_exposed_ms, own_window)
+    hidden = None if p.comm_hidden_ms is UNSET else num(p.comm_hidden_ms)
+    out[f"{n}.comm_hidden_ms"] = hidden
+    out[f"{n}.comm_hidden_share"] = div(hidden, (hidden or 0.0) + (num(p.comm_exposed_ms) or 0.0)) if hidden is not None else None
     out[f"{n}.top_kernel_share"] = num(p.top_kernels[0].kernel_time_share) if p.top_kernels else None
-    _timeline(p, n, out)
+    _timeline(p, n, out, own_window)
     _categories(p, n, out)
 
 
@@ -243,13 +324,14 @@ def _attainment(p: PhaseRow, n: str, out: Findings) -> None:
     out[f"{n}.bandwidth_over_peak"] = div(p.achieved_tbps, p.peak_tbps)
 
 
-def _timeline(p: PhaseRow, n: str, out: Findings) -> None:
+def _timeline(p: PhaseRow, n: str, out: Findings, own_window: float | None = None) -> None:
     for k in ("window_ms", "gpu_busy_ms", "gpu_idle_share", "launch_gap_share"):
         out[f"{n}.{k}"] = num(getattr(p, k))
     by_kind = p.gaps.ms_by_kind
     for kind in GAP_KINDS:
         out[f"{n}.{kind}_gap_ms"] = num(by_kind.get(kind)) if by_kind else None
-    out[f"{n}.other_gap_share"] = div(by_kind.get("other"), p.window_ms) if by_kind else None
+    out[f"{n}.other_gap_share"] = div(by_kind.get("other"), own_window) if by_kind else None
+    out[f"{n}.launch_gap_own_share"] = div(by_kind.get("launch", 0.0), own_window) if by_kind else None
     launch = p.gaps.launch
     out[f"{n}.launch_gap_count"] = num(launch.count)
     out[f"{n}.launch_gap_p50_us"] = num(launch.p50_us)
@@ -257,21 +339,32 @@ def _timeline(p: PhaseRow, n: str, out: Findings) -> None:
     out[f"{n}.gap_max_us"] = num(p.gaps.all.max_us)
 
 
+def kernel_busy_ms(p: PhaseRow) -> float | None:
+    """The phase's kernel time as a share's denominator: the union of its kernels' intervals
+    (``kernel_busy_ms``; a report written before it existed: the summed ``kernel_ms``)."""
+    return num(p.kernel_ms if p.kernel_busy_ms is UNSET else p.kernel_busy_ms)
+
+
 def _categories(p: PhaseRow, n: str, out: Findings) -> None:
+    """Category times (busy unions) and their shares of the kernel busy time."""
     for k in ("attention_share", "kernel_ms", "kernel_count", "activity_count"):
         out[f"{n}.{k}"] = num(getattr(p, k))
     cats = p.categories_ms
-    kernel_ms = num(p.kernel_ms)
+    busy = kernel_busy_ms(p)
+    out[f"{n}.kernel_busy_ms"] = busy
     for c in CATEGORIES:
         out[f"{n}.{c}_ms"] = num(cats.get(c, 0.0))
     for c in SHARE_CATEGORIES:
-        out[f"{n}.{c}_share"] = div(cats.get(c, 0.0), kernel_ms)
-    out[f"{n}.comm_share"] = div(cats.get("communication", 0.0), kernel_ms)
-    en = cats.get("elementwise", 0.0) + cats.get("norm", 0.0)
+        out[f"{n}.{c}_share"] = div(cats.get(c, 0.0), busy)
+    out[f"{n}.comm_share"] = div(cats.get("communication", 0.0), busy)
+    # elementwise and norm kernels never overlap each other's streams in practice; their sum
+    # is bounded by the kernel busy time to keep the share a share
+    en = round(cats.get("elementwise", 0.0) + cats.get("norm", 0.0), 6)  # the report's ms precision
+    en = min(en, busy) if busy is not None else en
     out[f"{n}.elementwise_norm_ms"] = num(en)
-    out[f"{n}.elementwise_norm_share"] = div(en, kernel_ms)
+    out[f"{n}.elementwise_norm_share"] = div(en, busy)
     kcats = {c: v for c, v in cats.items() if c not in ("memcpy", "memset")}
-    out[f"{n}.top_category_share"] = div(max(kcats.values()), kernel_ms) if kcats else None
+    out[f"{n}.top_category_share"] = div(max(kcats.values()), busy) if kcats else None
 
 
 def _launches(report: Report, out: Findings) -> None:
@@ -463,11 +556,19 @@ def labels(report: Report | Mapping[str, Any], device: int | None = None) -> dic
     by = a.idle_by_cause_ms if a is not None else {}
     if by:
         out["all.top_idle_cause"] = max(by, key=lambda c: by[c])
+        own = {c: v for c, v in by.items() if c not in EXTERNAL_CAUSES and v > 0}
+        if own:
+            out["all.top_own_idle_cause"] = max(own, key=lambda c: own[c])
     longest = a.gaps.longest if a is not None else []
+
+    def call(g) -> str:
+        return g.host_call or (f"queued after {g.waited_on}" if g.waited_on else None) or "nothing in the trace"
+
     if longest:
-        g0 = longest[0]
-        out["all.longest_gap_host_call"] = (g0.host_call or (f"queued after {g0.waited_on}" if g0.waited_on else None)
-                                            or "nothing in the trace")
+        out["all.longest_gap_host_call"] = call(longest[0])
+    own_gaps = [g for g in longest if g.cause not in EXTERNAL_CAUSES]
+    if own_gaps:
+        out["all.longest_own_gap_host_call"] = call(max(own_gaps, key=lambda g: g.duration_ms))
     hb = [g for g in longest if g.cause == "host_blocked"]
     if hb:
         out["all.longest_host_blocked_call"] = max(hb, key=lambda g: g.duration_ms).host_call or "an unnamed call"

@@ -15,6 +15,8 @@ Decisions:
 * Symptom rules fail the gate only with ``fail_on`` (fired symptoms at or above it).
 * Numbers a phase lists as ``unreliable`` are not used unless ``allow_partial``; a checked
   metric that is unreliable fails.
+* Every device is checked (the limits and the rules, each on the device's own numbers), as
+  ``diagnose run`` reads every device; ``device`` restricts the gate to one.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from diagnose.compare import unreliable_reasons
 from diagnose.engine import RuleSet, Verdicts, evaluate
 from diagnose.errors import DiagnoseError
 from diagnose.inputs import finite_number
-from diagnose.findings import Findings, as_report, flatten, labels, report_findings, unreliable_findings
+from diagnose.findings import Findings, as_report, unreliable_findings
 from diagnose.model import Report
 from diagnose.report import fmt
 from diagnose.vocab import UNREPRESENTATIVE_TRACE_TYPES
@@ -65,21 +67,25 @@ def gate_report(report: Report | Mapping[str, Any], ruleset: RuleSet, phases: Se
                 max_launch_gap_share: float | None = None, max_idle_share: float | None = None,
                 fail_on: str | None = None, allow_partial: bool = False, allow_missing: bool = False,
                 metrics: Findings | None = None, device: int | None = None) -> GateResult:
-    """Gate one JSON report (see the module docstring for the decisions).
+    """Gate one JSON report (see the module docstring for the decisions): the limits and the
+    trace-scope rules on every device (only ``device`` when given; checks name their device
+    when there are several), the findings of the device with the first fired symptom (else of
+    the first device) in ``findings``.
 
     Raises:
         DiagnoseError: ``device`` is not in the report, or a limit is not a finite number.
     """
+    from diagnose.pipeline import evaluate_devices
+
     report = as_report(report)
     limit = launch_limit(ruleset) if max_launch_gap_share is None else max_launch_gap_share
     # NaN compares false with everything: a NaN limit would pass any measurement
     finite_number(limit, "max_launch_gap_share")
     if max_idle_share is not None:
         finite_number(max_idle_share, "max_idle_share")
-    unreliable = unreliable_findings(report, device)
-    # the report's own findings; with --allow-partial, its unreliable numbers too
-    findings = flatten(report, device, include_unreliable=True) if allow_partial else report_findings(report, device)
-    findings.update(metrics or {})
+    scopes = ["trace"] + (["metrics"] if metrics else [])
+    # every device's findings (with --allow-partial, its unreliable numbers too) and verdicts
+    runs, verdicts = evaluate_devices(report, ruleset, device, scopes, extra=metrics, include_unreliable=allow_partial)
     checks: list[dict[str, Any]] = []
     reasons = unreliable_reasons(report)
     if reasons:
@@ -92,41 +98,56 @@ def gate_report(report: Report | Mapping[str, Any], ruleset: RuleSet, phases: Se
     limits = [("launch_gap_share", limit)]
     if max_idle_share is not None:
         limits.append(("gpu_idle_share", max_idle_share))
+    several = len(runs) > 1
+    for run in runs:
+        unreliable = unreliable_findings(report, run.device)
+        checks += _limit_checks(run.findings, phases, limits, unreliable, allow_missing,
+                                f"device {run.device}: " if several else "", f" (device {run.device})" if several else "")
+    failing = frozenset(s["id"] for s in verdicts.at_least(fail_on)) if fail_on else frozenset()
+    def on(entry) -> str:  # the device a rule check is about, when the gate reads several
+        return f" (device {entry['device']})" if several and entry.get("device") is not None else ""
+
+    for s in verdicts.symptoms:
+        st = "fail" if s["id"] in failing else "pass"
+        note = "" if st == "fail" else " (fired below --fail-on)" if fail_on else " (fired; not gating without --fail-on)"
+        checks.append({"classname": "diagnose.rules", "name": s["id"] + on(s), "phase": s["phase"], "metric": s["id"],
+                       "status": st, "message": f"[{s['severity']}] {s['summary']}{note}", "value": None, "threshold": None})
+    for s in verdicts.passed:
+        checks.append({"classname": "diagnose.rules", "name": s["id"] + on(s), "phase": s["phase"], "metric": s["id"],
+                       "status": "pass", "message": "not fired: " + measured_text(s), "value": None, "threshold": None})
+    for n in verdicts.not_evaluated:
+        checks.append({"classname": "diagnose.rules", "name": n["id"], "phase": "", "metric": n["id"], "status": "skipped",
+                       "message": "not evaluated: " + n["reason"], "value": None, "threshold": None})
+    failed = any(c["status"] == "fail" for c in checks)
+    lead = verdicts.symptoms[0].get("device") if verdicts.symptoms else runs[0].device
+    findings = next(r.findings for r in runs if r.device == lead)
+    return GateResult(checks=checks, verdicts=verdicts, findings=findings, failing_rule_ids=failing, exit_code=1 if failed else 0)
+
+
+def _limit_checks(findings: Findings, phases: Sequence[str], limits: list, unreliable: set[str], allow_missing: bool,
+                  prefix: str = "", suffix: str = "") -> list[dict[str, Any]]:
+    """The launch-gap / idle limit checks of one device's findings (``prefix``/``suffix`` name
+    the device in the messages and check names when the gate reads several)."""
+    checks = []
     for ph in dict.fromkeys(phases):
         window = findings.get(f"{ph}.window_ms")
         steps = findings.get(f"{ph}.steps")
         for metric, lim in limits:
             val = findings.get(f"{ph}.{metric}")
-            base = {"classname": f"diagnose.gate.{ph}", "name": metric, "phase": ph, "metric": metric, "value": val, "threshold": lim}
+            base = {"classname": f"diagnose.gate.{ph}", "name": metric + suffix, "phase": ph, "metric": metric, "value": val,
+                    "threshold": lim, "device": findings.get("trace.device")}
             where = f"(window {fmt.ms(window)} ms, {steps} steps)"
             if val is None and f"{ph}.{metric}" in unreliable:
                 checks.append({**base, "status": "fail",
-                               "message": f"{ph} {metric}: unreliable in this trace (see quality; use --allow-partial to accept)"})
+                               "message": f"{prefix}{ph} {metric}: unreliable in this trace (see quality; use --allow-partial to accept)"})
             elif val is None:
                 checks.append({**base, "status": "skipped" if allow_missing else "fail",
-                               "message": f"{ph}: no data" + (" (allowed by --allow-missing)" if allow_missing else " (use --allow-missing to accept)")})
+                               "message": f"{prefix}{ph}: no data" + (" (allowed by --allow-missing)" if allow_missing else " (use --allow-missing to accept)")})
             elif val > lim:
-                checks.append({**base, "status": "fail", "message": f"{ph} {metric} {fmt.pct(val)} > {fmt.pct(lim)} {where}"})
+                checks.append({**base, "status": "fail", "message": f"{prefix}{ph} {metric} {fmt.pct(val)} > {fmt.pct(lim)} {where}"})
             else:
-                checks.append({**base, "status": "pass", "message": f"{ph} {metric} {fmt.pct(val)} <= {fmt.pct(lim)} {where}"})
-
-    scopes = ["trace"] + (["metrics"] if metrics else [])
-    verdicts = evaluate(ruleset.rules, findings, scope=scopes, overrides=ruleset.overrides,
-                        unreliable=() if allow_partial else unreliable, labels=labels(report, device))
-    failing = frozenset(s["id"] for s in verdicts.at_least(fail_on)) if fail_on else frozenset()
-    for s in verdicts.symptoms:
-        st = "fail" if s["id"] in failing else "pass"
-        note = "" if st == "fail" else " (fired below --fail-on)" if fail_on else " (fired; not gating without --fail-on)"
-        checks.append({"classname": "diagnose.rules", "name": s["id"], "phase": s["phase"], "metric": s["id"], "status": st,
-                       "message": f"[{s['severity']}] {s['summary']}{note}", "value": None, "threshold": None})
-    for s in verdicts.passed:
-        checks.append({"classname": "diagnose.rules", "name": s["id"], "phase": s["phase"], "metric": s["id"], "status": "pass",
-                       "message": "not fired: " + measured_text(s), "value": None, "threshold": None})
-    for n in verdicts.not_evaluated:
-        checks.append({"classname": "diagnose.rules", "name": n["id"], "phase": "", "metric": n["id"], "status": "skipped",
-                       "message": "not evaluated: " + n["reason"], "value": None, "threshold": None})
-    failed = any(c["status"] == "fail" for c in checks)
-    return GateResult(checks=checks, verdicts=verdicts, findings=findings, failing_rule_ids=failing, exit_code=1 if failed else 0)
+                checks.append({**base, "status": "pass", "message": f"{prefix}{ph} {metric} {fmt.pct(val)} <= {fmt.pct(lim)} {where}"})
+    return checks
 
 
 #: Trace types the gate treats like a partial trace (fails unless ``allow_partial``).

@@ -52,6 +52,9 @@ Severity = Literal[vocab.SEVERITIES]  # type: ignore[valid-type]
 Bound = Literal["compute", "memory"]
 PathKind = Literal[vocab.PATH_KINDS]  # type: ignore[valid-type]
 PathStart = Literal[vocab.PATH_STARTS]  # type: ignore[valid-type]
+#: What a share is a share of (README "Shares and their denominators"): the steps' own time,
+#: the phase's own GPU window (external idle left out), the GPU busy union, the kernel busy union.
+ShareOf = Literal["step_span", "phase_window", "busy_union", "kernel_time"]
 
 #: The rules' flat namespace: ``{dotted name: number or None}`` (:mod:`diagnose.findings`).
 Findings = dict[str, Union[int, float, None]]
@@ -254,9 +257,13 @@ class PhaseTimes(Record, kw_only=True):
     gpu_idle_share: Share | None
     launch_gap_share: Share | None
     attention_share: Share | None
-    kernel_ms: float
+    kernel_ms: float  # summed kernel durations (overlapping streams: more than the time kernels ran)
+    #: time at least one kernel ran (the union over streams): the denominator of every share of
+    #: kernel time (``categories_ms`` / it, ``attention_share``, ``top_kernels[].share``)
+    kernel_busy_ms: float | UnsetType = UNSET
     kernel_count: int
     activity_count: int
+    #: per category, the busy union of its activities (overlapping streams count once)
     categories_ms: dict[Category, float]
     gaps: Gaps
     idle_by_cause_ms: dict[GapCause, NonNegative]
@@ -268,7 +275,10 @@ class PhaseTimes(Record, kw_only=True):
     small_kernel_ms: float
     small_kernel_count: int
     h2d_ms: float
-    comm_exposed_ms: float
+    comm_exposed_ms: float  # communication with nothing else running on the device
+    comm_hidden_ms: float | UnsetType = UNSET  # communication with other work running
+    #: per other category, the communication time during which it ran (what hid it)
+    comm_hidden_behind_ms: dict[Category, NonNegative] | UnsetType = UNSET
     top_kernels: list[TopKernel]
     unreliable: list[str]
 
@@ -465,13 +475,18 @@ class KernelRow(Record, kw_only=True):
 
 
 class Headline(Record, kw_only=True):
-    """What the report leads with: the top symptom (or what the trace type says)."""
+    """What the report leads with: the fired symptom of largest stake across devices (or what
+    the trace type says). ``share`` is the share the text prints (to its printed digits), of
+    the denominator ``share_of``; ``device`` the device it was found on (None: the trace as a
+    whole, or no device)."""
 
     text: str
     rule_id: str | None
     cause: str | None
+    device: int | None = None
     stake_ms: float | None = field(name="ms")
-    stake_share: Share | None = field(name="share")
+    share: Share | None
+    share_of: ShareOf | None = None
     predicted_saving_ms: NonNegative | UnsetType = UNSET  # README "What-if"
     caveat: str | UnsetType = UNSET
 
@@ -509,8 +524,17 @@ class Symptom(Record, kw_only=True):
     references: list[str]
     cause: str | UnsetType = UNSET
     headline: str | UnsetType = UNSET
+    device: int | None | UnsetType = UNSET
     stake_ms: float | UnsetType = UNSET
+    #: ``stake_ms`` over ``stake_share_of`` (the steps' own time, else the device's own window):
+    #: the severity follows it, on one base for every rule
     stake_share: Share | UnsetType = UNSET
+    stake_share_of: ShareOf | UnsetType = UNSET
+    #: ``stake_ms`` over the rule's own denominator ``share_of`` (``share_base_ms``): what the
+    #: headline prints
+    share: Share | UnsetType = UNSET
+    share_of: ShareOf | UnsetType = UNSET
+    share_base_ms: float | UnsetType = UNSET
     predicted_saving_ms: NonNegative | UnsetType = UNSET  # re-timed critical path (README "What-if")
     rank_basis: Literal["predicted_saving", "stake"] | UnsetType = UNSET  # what the symptom is ranked by
     recommends: list[str]
@@ -520,7 +544,8 @@ class Symptom(Record, kw_only=True):
 
 
 class NotEvaluated(Record, kw_only=True):
-    """A rule not evaluated, and why (missing findings, trace type)."""
+    """A rule not evaluated, and why (missing findings, trace type): on no device of the
+    trace (the reason is the first device's)."""
 
     id: str
     symptom: str
@@ -528,6 +553,16 @@ class NotEvaluated(Record, kw_only=True):
     severity: Severity
     missing: list[str]
     reason: str
+
+
+class DeviceVerdict(Record, kw_only=True):
+    """The rules' verdict on one device: its own headline (the finding of largest stake on it)
+    and the rules that fired there."""
+
+    device: int | None
+    headline: Headline | None
+    fired: list[str]
+    worst: Severity | None
 
 
 # ---------------------------------------------------------------- the report
@@ -558,6 +593,8 @@ class Report(Record, kw_only=True):
     headline: Headline | None | UnsetType = UNSET
     symptoms: list[Symptom] | UnsetType = UNSET
     not_evaluated: list[NotEvaluated] | UnsetType = UNSET
+    #: one per device the rules read (every device with GPU activity, or the one --device chose)
+    device_verdicts: list[DeviceVerdict] | UnsetType = UNSET
     verdicts_error: str | UnsetType = UNSET
     findings: Findings | UnsetType = UNSET
     rank: int | None | UnsetType = UNSET

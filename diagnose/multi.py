@@ -291,6 +291,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     (:func:`diagnose.findings.select_device`: the most GPU busy time). Phase numbers come from
     that device's decode phase when it has one, else from its 'all' row (named in ``phase``)."""
     from diagnose.findings import as_report, device_rows
+    from diagnose.pipeline import device_headlines, top_symptoms_text
 
     rep = as_report(report)
     rows = device_rows(rep)
@@ -316,7 +317,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "wall_ms": ph.wall_ms if ph is not None else None,
         "all_wall_ms": allp.wall_ms if allp is not None else None,
         "mbu": ph.mbu if ph is not None else None,
-        "top_symptom": syms[0].id if syms else None,
+        "top_symptom": top_symptoms_text(report),  # each device's, when the rank's trace holds several
+        "device_headlines": device_headlines(report),
         "top_symptom_severity": syms[0].severity if syms else None,
         "partial": bool(rep.partial),
         "straggler": False,

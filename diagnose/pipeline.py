@@ -7,6 +7,8 @@ attached to a report (the CLI, the web app, the fleet runner and the notebook AP
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 from diagnose.analyzers import Analysis, analyze
 from diagnose.options import AnalysisOptions
@@ -83,17 +85,84 @@ def run_analysis(path: str, options: AnalysisOptions | None = None, show_progres
     return result
 
 
+def report_devices(report) -> list[int | None]:
+    """The devices the rules read, in id order: every device with an ``all`` phase row (GPU
+    activity), or ``[None]`` for a report without one."""
+    devs = sorted({p.device for p in report.phases if p.name == "all" and p.device is not None})
+    return devs or [None]
+
+
+@dataclass
+class DeviceRun:
+    """The rules evaluated on one device: its findings, labels and verdicts."""
+
+    device: int | None
+    findings: dict
+    verdicts: Any
+
+
+def evaluate_devices(report, ruleset, device: int | None = None, scopes=("trace",), extra: Mapping | None = None,
+                     include_unreliable: bool = False, savings=None) -> tuple[list[DeviceRun], Any]:
+    """Evaluate the rules of ``scopes`` on every device of ``report`` (only ``device`` when
+    given), each on its own findings (:func:`diagnose.findings.flatten`) with ``extra``
+    findings added (a metrics file's), and merge the verdicts. ``savings``: a fired rule's
+    predicted step-time saving (:func:`diagnose.analyzers.whatif.rule_saving_ms`): the
+    critical path is the steps', across devices, so a rule has the same saving on each.
+
+    Returns:
+        (one :class:`DeviceRun` per device, the merged :class:`~diagnose.engine.Verdicts`):
+        fired symptoms of every device, each with its ``device``, ranked together
+        (:func:`diagnose.engine.evaluate.rank_symptoms`: the first is the finding of largest
+        stake across devices); passed entries of every device; a rule in ``not_evaluated``
+        only when no device evaluated it (with the first device's reason).
+
+    Raises:
+        DiagnoseError: ``device`` is not in the report.
+        RuleError: invalid overrides.
+    """
+    from diagnose.engine import Verdicts, evaluate
+    from diagnose.engine.evaluate import rank_symptoms
+    from diagnose.findings import flatten, labels, select_device, unreliable_findings
+
+    devices = [select_device(report, device)] if device is not None else report_devices(report)
+    runs = []
+    for dev in devices:
+        f = flatten(report, dev, include_unreliable=include_unreliable)
+        f.update(extra or {})
+        v = evaluate(ruleset.rules, f, scope=list(scopes), overrides=ruleset.overrides,
+                     unreliable=() if include_unreliable else unreliable_findings(report, dev), labels=labels(report, dev),
+                     savings=savings)
+        for e in v.symptoms + v.passed:
+            e["device"] = dev
+        runs.append(DeviceRun(dev, f, v))
+    merged = Verdicts()
+    merged.symptoms = [dict(sym) for r in runs for sym in r.verdicts.symptoms]
+    merged.passed = [e for r in runs for e in r.verdicts.passed]
+    done = {e["id"] for e in merged.symptoms + merged.passed}
+    seen: set[str] = set()
+    for r in runs:
+        for n in r.verdicts.not_evaluated:
+            if n["id"] not in done and n["id"] not in seen:
+                seen.add(n["id"])
+                merged.not_evaluated.append(n)
+    rank_symptoms(merged.symptoms, {r.id: r.kind for r in ruleset.rules})
+    return runs, merged
+
+
 def attach_verdicts(analysis_or_report, ruleset=None, device: int | None = None):
-    """Flatten the report into the rules' findings (:func:`diagnose.findings.flatten`),
-    evaluate the trace-scope rules on them and put ``findings``, ``headline``, ``symptoms``
-    and ``not_evaluated`` into the report. The only place verdicts are attached to a report.
+    """Evaluate the trace-scope rules on every device of the report (only ``device`` when
+    given; :func:`evaluate_devices`) and put ``findings`` (the lead device's), ``headline``
+    (the fired symptom of largest stake across devices, naming its device when the trace has
+    several), ``symptoms`` (every device's, ranked together), ``not_evaluated`` and
+    ``device_verdicts`` (each device's own headline) into the report. The only place verdicts
+    are attached to a report.
 
     Args:
         analysis_or_report: an :class:`~diagnose.analyzers.Analysis` (its ``report`` is
             replaced), a :class:`~diagnose.model.Report` or a JSON report dict.
         ruleset: a :class:`diagnose.engine.RuleSet` (thresholds, disabled rules); None for the
             packaged rules with their default thresholds.
-        device: the device whose numbers the rules read (default: the most GPU busy time).
+        device: the only device whose numbers the rules read (default: every device).
 
     Returns:
         The report with its verdicts, of the kind given (an Analysis gives its new
@@ -101,42 +170,51 @@ def attach_verdicts(analysis_or_report, ruleset=None, device: int | None = None)
 
     Raises:
         RuleError: invalid rules or overrides.
+        DiagnoseError: ``device`` is not in the report.
     """
     import msgspec
 
-    from diagnose.engine import evaluate, load_ruleset
-    from diagnose.findings import as_report, flatten, labels, unreliable_findings
-    from diagnose.model import Headline, NotEvaluated, Symptom
+    from diagnose.engine import load_ruleset
+    from diagnose.engine.evaluate import headline_of
+    from diagnose.findings import as_report, labels
+    from diagnose.model import DeviceVerdict, Headline, NotEvaluated, Symptom
 
     rs = ruleset if ruleset is not None else load_ruleset()
     is_analysis = isinstance(analysis_or_report, Analysis)
     report = as_report(analysis_or_report.report if is_analysis else analysis_or_report)
-    findings = flatten(report, device)
-    lab = labels(report, device)
     savings = None
     if is_analysis and analysis_or_report.paths is not None:
         from diagnose.analyzers.whatif import rule_saving_ms
 
         a = analysis_or_report
+        main_phase = labels(report, device).get("trace.main_phase")
 
         def _saving(rule):  # the one ranking rule: predicted saving where the path exists
-            return rule_saving_ms(a.paths, a.steps, rule.phase, rule.whatif, lab.get("trace.main_phase"))
+            return rule_saving_ms(a.paths, a.steps, rule.phase, rule.whatif, main_phase)
 
         savings = _saving
-
-    verdicts = evaluate(rs.rules, findings, scope="trace", overrides=rs.overrides,
-                        unreliable=unreliable_findings(report, device), labels=lab, savings=savings)
-    h = headline(verdicts, report)
+    runs, merged = evaluate_devices(report, rs, device, savings=savings)
+    several = len(runs) > 1
+    h = headline(headline_of(merged.symptoms), report, several)
+    lead = h["device"] if h is not None and h.get("device") is not None else runs[0].device
+    findings = next(r.findings for r in runs if r.device == lead)
+    per_device = []
+    for r in runs:
+        dh = headline(headline_of([dict(s, device=r.device) for s in r.verdicts.symptoms]), report, several)
+        per_device.append(DeviceVerdict(device=r.device, headline=None if dh is None else msgspec.convert(dh, Headline),
+                                        fired=[s["id"] for s in r.verdicts.symptoms],
+                                        worst=r.verdicts.symptoms[0]["severity"] if r.verdicts.symptoms else None))
     out = msgspec.structs.replace(
         report, findings=findings, headline=None if h is None else msgspec.convert(h, Headline, from_attributes=False),
-        symptoms=msgspec.convert(verdicts.symptoms, list[Symptom]),
-        not_evaluated=msgspec.convert(verdicts.not_evaluated, list[NotEvaluated]))
+        symptoms=msgspec.convert(merged.symptoms, list[Symptom]),
+        not_evaluated=msgspec.convert(merged.not_evaluated, list[NotEvaluated]),
+        device_verdicts=per_device)
     if is_analysis:
         analysis_or_report.report = out
         return out
     if isinstance(analysis_or_report, dict):
         analysis_or_report.update({k: v for k, v in out.to_dict().items()
-                                   if k in ("findings", "headline", "symptoms", "not_evaluated")})
+                                   if k in ("findings", "headline", "symptoms", "not_evaluated", "device_verdicts")})
         return analysis_or_report
     return out
 
@@ -157,23 +235,61 @@ TRACE_TYPE_HEADLINES = {
 }
 
 
-def headline(verdicts, report) -> dict | None:
-    """The one verdict the report leads with: the top fired rule's (text, rule_id, cause, ms,
-    share), with a ``caveat`` when the trace type limits what it can mean; when no rule fired,
-    what the trace type says (a capture pass, a fragment...), else None."""
+def headline(h: dict | None, report, name_device: bool = False) -> dict | None:
+    """The one verdict the report leads with: the top fired rule's (text, rule_id, cause,
+    device, ms, share, share_of; :func:`diagnose.engine.evaluate.headline_of`), its text
+    prefixed with the device when ``name_device`` (a trace of several devices), with a
+    ``caveat`` when the trace type limits what it can mean; when no rule fired, what the
+    trace type says (a capture pass, a fragment...), else None."""
     codes = [q.code for q in report.quality]
     kinds = [c for c in TRACE_TYPE_HEADLINES if c in codes]
-    h = verdicts.headline
+    if h is not None and name_device and h.get("device") is not None:
+        h = {**h, "text": f"device {h['device']}: {h['text']}"}
     if h is None:
         if not kinds:
             return None
         text = TRACE_TYPE_HEADLINES[kinds[0]]
         if kinds[0] == "no_gpu_activity" and report.partial:
             text = text.replace("in the trace", "in the readable part of this partial trace")
-        return {"text": text, "rule_id": None, "cause": kinds[0], "ms": None, "share": None}
+        return {"text": text, "rule_id": None, "cause": kinds[0], "device": None, "ms": None, "share": None, "share_of": None}
     if kinds:
         h = {**h, "caveat": TRACE_TYPE_HEADLINES[kinds[0]]}
     return h
+
+
+# ---------------------------------------------------------------- each device's headline, for the views
+
+
+def device_headlines(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One entry per device the rules read, when they read more than one: ``{"device", "text",
+    "rule_id", "severity"}``; "text" is that device's headline ("no symptom rule fired" when
+    none did). Empty for a report of one device or without verdicts."""
+    dv = report.get("device_verdicts") or []
+    if len(dv) < 2:
+        return []
+    out = []
+    for v in dv:
+        h = v.get("headline") or {}
+        text = h.get("text") or "no symptom rule fired"
+        prefix = f"device {v.get('device')}: "
+        out.append({"device": v.get("device"), "text": text[len(prefix):] if text.startswith(prefix) else text,
+                    "rule_id": h.get("rule_id"), "severity": v.get("worst")})
+    return out
+
+
+def device_headline_lines(report: Mapping[str, Any]) -> list[str]:
+    """:func:`device_headlines` as lines: "device 0: GPU idle 20% of ..."."""
+    return [f"device {h['device']}: {h['text']}" for h in device_headlines(report)]
+
+
+def top_symptoms_text(report: Mapping[str, Any]) -> str | None:
+    """The fleet table's "top symptom" of a rank: the lead rule id, or each device's
+    ("0: S3-gpu-idle; 1: —") when the rank's trace holds several devices."""
+    heads = device_headlines(report)
+    if heads:
+        return "; ".join(f"{h['device']}: {h['rule_id'] or '—'}" for h in heads)
+    syms = report.get("symptoms") or []
+    return syms[0]["id"] if syms else None
 
 
 def ensure_verdicts(report: dict, ruleset=None) -> dict:

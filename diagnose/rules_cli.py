@@ -25,7 +25,7 @@ from diagnose.engine import RuleSet, Verdicts, evaluate, load_rules, load_rulese
 from diagnose.report.rules_doc import rules_markdown
 from diagnose.engine.fixtures import run_fixtures
 from diagnose.errors import DiagnoseError
-from diagnose.findings import load_metrics
+from diagnose.findings import PAIR_SPEC_HELP, describe_pairs, load_metrics
 from diagnose.gate import GATE_PHASES, LAUNCH_RULE, LAUNCH_THRESHOLD, gate_report, measured_text, write_junit
 from diagnose.model import Report
 from diagnose.options import AnalysisOptions, RuleOptions
@@ -50,10 +50,17 @@ def _fmt(v: Any, kind: str = "num") -> str:
     return numfmt.pct(v) if kind == "pct" else numfmt.ms(v) if kind == "ms" else numfmt.short(v)
 
 
-def _print_verdicts(v: Verdicts, title: str) -> None:
+def _where(entry: dict) -> str:
+    """" on device D" / " on devices B:C" of a verdict entry that carries its device(s)."""
+    if entry.get("devices") is not None:
+        return " on devices " + ":".join("-" if d is None else str(d) for d in entry["devices"])
+    return f" on device {entry['device']}" if entry.get("device") is not None else ""
+
+
+def _print_verdicts(v: Verdicts, title: str, devices: bool = False) -> None:
     _echo(f"{title}: {len(v.symptoms)} fired, {len(v.passed)} passed, {len(v.not_evaluated)} not evaluated")
     for s in v.symptoms:
-        _echo(f"  [{s['severity']}] {s['id']} ({s['symptom']}): {s['summary']}")
+        _echo(f"  [{s['severity']}] {s['id']} ({s['symptom']}){_where(s) if devices else ''}: {s['summary']}")
         _echo(f"      fix: {s['fix']}")
     for n in v.not_evaluated:
         _echo(f"  [not evaluated] {n['id']}: {n['reason']}")
@@ -104,7 +111,7 @@ def _severity_choice():
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None, help="Write a JUnit XML report here.")
 @click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False), default=None, help="Metrics JSON for metrics-scope rules (S6...).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@analysis_options(device_help="GPU device id to analyse and check (default: the one with the most GPU busy time).")
+@analysis_options(device_help="GPU device id to analyse and check (default: every device, each on its own numbers).")
 @rule_options
 @guarded
 def gate_command(trace_path, phases, max_launch_gap_share, max_idle_share, fail_on, allow_partial, allow_missing,
@@ -141,13 +148,17 @@ def _gate(trace_path, phases, max_launch_gap_share, max_idle_share, fail_on, all
             "exit_code": res.exit_code,
             "source": report.source.to_dict(),
             "device": res.findings.get("trace.device"),
-            "checks": [{k: c[k] for k in ("phase", "metric", "status", "value", "threshold", "message")} for c in gate_checks],
+            "devices": sorted({c["device"] for c in gate_checks if c.get("device") is not None}),
+            "checks": [{k: c.get(k) for k in ("phase", "metric", "device", "status", "value", "threshold", "message")}
+                       for c in gate_checks],
             "symptoms": res.verdicts.symptoms,
             "not_evaluated": res.verdicts.not_evaluated,
             "fail_on": fail_on,
         }, indent=2, default=str))
         return res.exit_code
-    _echo(f"gate: {report.source.path} ({report.source.format}), device {_fmt(res.findings.get('trace.device'))}")
+    devs = sorted({c["device"] for c in gate_checks if c.get("device") is not None})
+    _echo(f"gate: {report.source.path} ({report.source.format}), "
+          + (f"devices {', '.join(map(str, devs))}" if len(devs) > 1 else f"device {_fmt(res.findings.get('trace.device'))}"))
     if report.gpu is not None:
         from diagnose.hardware import describe_peak
 
@@ -155,7 +166,7 @@ def _gate(trace_path, phases, max_launch_gap_share, max_idle_share, fail_on, all
     for c in gate_checks:
         tag = {"pass": "PASS", "fail": "FAIL", "skipped": "SKIP"}[c["status"]]
         _echo(f"  {tag:<5} {c['message']}")
-    _print_verdicts(res.verdicts, "rules (trace scope" + (", metrics" if metrics_path else "") + ")")
+    _print_verdicts(res.verdicts, "rules (trace scope" + (", metrics" if metrics_path else "") + ")", len(devs) > 1)
     if fail_on:
         _echo(f"fail-on: {fail_on} -> {len(res.failing_rule_ids)} symptom(s) at or above it")
     failed = res.failed
@@ -191,12 +202,21 @@ def _change_text(kind: str, v: float | None) -> str:
               help="Pass when the traces cannot be compared (no common TTFT/TPOT numbers); by default that fails.")
 @click.option("--allow-partial", is_flag=True,
               help="Compare even when a trace is flagged partial / unreliable / capture pass / fragment; by default that fails.")
-@analysis_options(device_help="GPU device id in both traces (default: the one with the most GPU busy time).")
+@click.option("--pair-devices", "pair_spec", default=None, metavar=PAIR_SPEC_HELP,
+              help="Which devices to compare when the traces hold different ones: baseline id ':' candidate id, "
+                   "pairings separated by ',' (e.g. 0:1,1:0). Default: by id (0 with 0, 1 with 1), or the one "
+                   "device of each file.")
+@analysis_options(device_help="Compare only this GPU device id, in both traces (default: every device, paired by id).")
 @rule_options
 @guarded
-def compare_command(baseline_path, candidate_path, fmt, fail_on, metrics_path, allow_missing, allow_partial, **shared):
+def compare_command(baseline_path, candidate_path, fmt, fail_on, metrics_path, allow_missing, allow_partial, pair_spec,
+                    **shared):
     """Compare a candidate trace with a baseline: TTFT/TPOT deltas, per-category and
     per-kernel time deltas, and the regression verdict.
+
+    Devices are compared pair by pair, by id (device 0 with device 0...; a file of one device
+    with the other's one device); the pairs are printed. Traces whose device sets differ are
+    refused (exit 2) unless --pair-devices says which to pair or --device picks one.
 
     Exit 1 when the candidate regressed (any TTFT/TPOT p50/p90/p99 more than 50 % worse, rule
     latency-regression), when the regression rule cannot be evaluated (no TTFT/TPOT number
@@ -211,7 +231,7 @@ def compare_command(baseline_path, candidate_path, fmt, fail_on, metrics_path, a
     cand = analyse_report(candidate_path, options, ruleset)
     rule_options_given = bool(rule_opts.thresholds or rule_opts.rules_dir or rule_opts.rules_config)
     cmp = compare_reports(base, cand, ruleset, metrics, options.device, fail_on, allow_missing, allow_partial,
-                          reevaluate=rule_options_given)
+                          reevaluate=rule_options_given, pair_spec=pair_spec)
     if fmt == "json":
         click.echo(json.dumps({
             "schema_version": 1,
@@ -222,28 +242,34 @@ def compare_command(baseline_path, candidate_path, fmt, fail_on, metrics_path, a
         sys.exit(cmp.exit_code)
     _echo(f"baseline:  {base.source.path}")
     _echo(f"candidate: {cand.source.path}")
+    _echo(describe_pairs(cmp.pairs, ["baseline", "candidate"]))
+    several = len(cmp.pairs) > 1
     for w in cmp.warnings:
         _echo(f"warning: {w}")
     for u in cmp.unreliable:
         _echo(f"{'warning' if allow_partial else 'unreliable'}: {u}")
-    _print_table(["metric", "baseline", "candidate", "change"],
-                 [[r["name"], _fmt(r["baseline"], r["kind"]), _fmt(r["candidate"], r["kind"]),
+    def pair(d) -> list[str]:  # the devices column, when more than one pairing is compared
+        devs = d.get("devices")
+        return [":".join("-" if x is None else str(x) for x in devs) if devs else "trace"] if several else []
+
+    _print_table(["metric"] + (["devices"] if several else []) + ["baseline", "candidate", "change"],
+                 [[r["name"], *pair(r), _fmt(r["baseline"], r["kind"]), _fmt(r["candidate"], r["kind"]),
                    _change_text(r["kind"], r.get("ratio", r.get("change")))]
                   for r in cmp.rows if r["baseline"] is not None or r["candidate"] is not None])
     if cmp.category_deltas:
-        _print_table(["phase", "category", "baseline ms", "candidate ms", "ratio"],
-                     [[d["phase"], d["category"], numfmt.ms(d["baseline_ms"]), numfmt.ms(d["candidate_ms"]),
+        _print_table(["phase"] + (["devices"] if several else []) + ["category", "baseline ms", "candidate ms", "ratio"],
+                     [[d["phase"], *pair(d), d["category"], numfmt.ms(d["baseline_ms"]), numfmt.ms(d["candidate_ms"]),
                        numfmt.NA if d["ratio"] is None else f"x{d['ratio']:.2f}"] for d in cmp.category_deltas],
-                     title="kernel time by category (ms):")
+                     title="kernel time by category (ms, busy time on the device):")
     if cmp.kernel_deltas:
-        _print_table(["phase", "baseline ms", "candidate ms", "kernel"],
-                     [[d["phase"], numfmt.ms(d["baseline_ms"]), numfmt.ms(d["candidate_ms"]), d["name"][:80]]
+        _print_table(["phase"] + (["devices"] if several else []) + ["baseline ms", "candidate ms", "kernel"],
+                     [[d["phase"], *pair(d), numfmt.ms(d["baseline_ms"]), numfmt.ms(d["candidate_ms"]), d["name"][:80]]
                       for d in cmp.kernel_deltas[:5]], title="kernels whose time changed most (ms):")
-    _print_verdicts(cmp.verdicts, "rules (compare scope" + (", metrics" if metrics_path else "") + ")")
+    _print_verdicts(cmp.verdicts, "rules (compare scope" + (", metrics" if metrics_path else "") + ")", several)
     if cmp.new_symptoms:
-        _echo("new in candidate: " + ", ".join(f"{s['id']} [{s['severity']}]" for s in cmp.new_symptoms))
+        _echo("new in candidate: " + ", ".join(f"{s['id']} [{s['severity']}]{_where(s)}" for s in cmp.new_symptoms))
     if cmp.resolved_symptoms:
-        _echo("resolved in candidate: " + ", ".join(s["id"] for s in cmp.resolved_symptoms))
+        _echo("resolved in candidate: " + ", ".join(f"{s['id']}{_where(s)}" for s in cmp.resolved_symptoms))
     if cmp.verdict == "unreliable":
         _echo("verdict: UNRELIABLE — " + "; ".join(cmp.unreliable) + " (use --allow-partial to compare anyway)")
     elif cmp.regression:
@@ -270,14 +296,21 @@ def compare_command(baseline_path, candidate_path, fmt, fail_on, metrics_path, a
               help="One per --trace, in order: ctx=, bs=, gpus=, prompt=, name= (default: read from step markers).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--fail-on", type=_severity_choice(), default=None, help="Exit 1 when a sweep symptom at or above this fires.")
-@analysis_options(device_help="GPU device id in every trace (default: the one with the most GPU busy time).")
+@click.option("--pair-devices", "pair_spec", default=None, metavar="D:D[:D...][,...]",
+              help="Which device of each trace to read together when the traces hold different devices: one id per "
+                   "--trace joined by ':', pairings separated by ',' (e.g. 0:0:1). Default: by id, or the one device of "
+                   "each file.")
+@analysis_options(device_help="Read only this GPU device id, in every trace (default: every device, paired by id).")
 @rule_options
 @guarded
-def sweep_command(trace_paths, labels, fmt, fail_on, **shared):
+def sweep_command(trace_paths, labels, fmt, fail_on, pair_spec, **shared):
     """Context / batch / GPU-count / prompt-length sweep over several traces (S1, S4, prefill MFU).
 
     Batch and context come from the decode step markers (median) unless --label gives them;
-    the GPU count is the number of devices with activity unless --label gpus=N. Exit 0 unless
+    the GPU count is the number of devices with activity unless --label gpus=N. Devices are
+    read together by id (every trace's device 0, then device 1...; the one device of each
+    file-per-rank trace); the pairings are printed, and traces whose device sets differ are
+    refused (exit 2) unless --pair-devices says which to read together. Exit 0 unless
     --fail-on is given and a sweep symptom at or above it fires."""
     from diagnose.sweep import parse_label, sweep_findings, sweep_points
 
@@ -289,30 +322,50 @@ def sweep_command(trace_paths, labels, fmt, fail_on, **shared):
     parsed = [parse_label(x) for x in labels] if labels else None
     ruleset = ruleset_from(rule_opts)
     reports = [analyse_report(p, options, ruleset) for p in trace_paths]
-    points = sweep_points(reports, parsed, options.device)
-    findings = sweep_findings(points)
     from diagnose.compare import like_for_like_warnings
+    from diagnose.findings import pair_devices
 
-    warnings = like_for_like_warnings(reports, [str(p["name"]) for p in points], options.device, keys=("device", "model"))
-    verdicts = evaluate(ruleset.rules, findings, scope="sweep", overrides=ruleset.overrides)
+    names = [f"trace {i + 1}" for i in range(len(reports))]
+    pairings = [tuple(options.device for _ in reports)] if options.device is not None else pair_devices(reports, names, pair_spec)
+    runs = []
+    for devs in pairings:
+        points = sweep_points(reports, parsed, devices=list(devs))
+        findings = sweep_findings(points)
+        v = evaluate(ruleset.rules, findings, scope="sweep", overrides=ruleset.overrides)
+        for e in v.symptoms + v.passed + v.not_evaluated:
+            e["devices"] = list(devs)
+        runs.append((list(devs), points, findings, v))
+    devs, points, findings, verdicts = runs[0]
+    seen = {(e["id"], e["summary"]) for e in verdicts.symptoms + verdicts.passed}
+    for _, _, _, v in runs[1:]:  # a verdict that reads the same in several pairings (trace-level) once
+        for bucket in ("symptoms", "passed"):
+            for e in getattr(v, bucket):
+                if (e["id"], e["summary"]) not in seen:
+                    seen.add((e["id"], e["summary"]))
+                    getattr(verdicts, bucket).append(e)
+    warnings = like_for_like_warnings(reports, [str(p["name"]) for p in points], keys=("device", "model"), devices=devs)
     code = 1 if fail_on and verdicts.at_least(fail_on) else 0
     if fmt == "json":
-        click.echo(json.dumps({"schema_version": 1, "points": points, "findings": findings, "symptoms": verdicts.symptoms,
-                               "not_evaluated": verdicts.not_evaluated, "warnings": warnings, "exit_code": code},
-                              indent=2, default=str))
+        click.echo(json.dumps({"schema_version": 1, "pairs": [d for d, *_ in runs], "points": points, "findings": findings,
+                               "pairings": [{"devices": d, "points": p, "findings": f} for d, p, f, _ in runs],
+                               "symptoms": verdicts.symptoms, "not_evaluated": verdicts.not_evaluated,
+                               "warnings": warnings, "exit_code": code}, indent=2, default=str))
         sys.exit(code)
+    _echo(describe_pairs([tuple(d) for d, *_ in runs], names))
     for w in warnings:
         _echo(safe(f"warning: {w}"))
     cols = [("point", "name", "s"), ("ctx", "ctx", "n"), ("batch", "batch", "n"), ("GPUs", "gpus", "n"),
             ("prompt", "prompt", "n"), ("TPOT p50 ms", "tpot_ms", "ms"), ("tok/s", "throughput_tok_s", "n"),
             ("prefill MFU", "prefill_mfu", "pct")]
-    rows = [[str(p[k]) if kind == "s" else _fmt(p[k], "ms" if kind == "ms" else "pct" if kind == "pct" else "num")
-             for _, k, kind in cols] for p in points]
-    _print_table([h for h, _, _ in cols], rows)
-    known = {k: v for k, v in findings.items() if v is not None}
-    if known:
-        _echo("findings: " + ", ".join(f"{k}={_fmt(v)}" for k, v in known.items()))
-    _print_verdicts(verdicts, "rules (sweep scope)")
+    for d, pts, f, _ in runs:
+        rows = [[str(p[k]) if kind == "s" else _fmt(p[k], "ms" if kind == "ms" else "pct" if kind == "pct" else "num")
+                 for _, k, kind in cols] for p in pts]
+        _print_table([h for h, _, _ in cols], rows,
+                     title=None if len(runs) == 1 else "devices " + ":".join("-" if x is None else str(x) for x in d))
+        known = {k: v for k, v in f.items() if v is not None}
+        if known:
+            _echo("findings: " + ", ".join(f"{k}={_fmt(v)}" for k, v in known.items()))
+    _print_verdicts(verdicts, "rules (sweep scope)", len(runs) > 1)
     sys.exit(code)
 
 

@@ -62,17 +62,20 @@ def parse_label(spec: str) -> dict[str, Any]:
 
 
 def sweep_points(reports: Sequence[Report | Mapping[str, Any]], labels: Sequence[Mapping[str, Any] | str | None] | None = None,
-                 device: int | None = None) -> list[dict[str, Any]]:
+                 device: int | None = None, devices: Sequence[int | None] | None = None) -> list[dict[str, Any]]:
     """One point per report: name, ctx, batch, gpus, prompt, tpot_ms, throughput_tok_s, prefill_mfu,
-    decode_comm_share. Labels win over values read from step markers."""
+    decode_comm_share, device. Labels win over values read from step markers. ``devices``: the
+    device read in each report (a pairing of :func:`diagnose.findings.pair_devices`; default
+    ``device`` in every report)."""
     labels = list(labels) if labels else [None] * len(reports)
     if len(labels) != len(reports):
         raise DiagnoseError(f"{len(labels)} labels for {len(reports)} traces: give one --label per --trace, or none")
+    devs = list(devices) if devices is not None else [device] * len(reports)
     pts = []
-    for i, (rep, lab) in enumerate(zip(reports, labels)):
+    for i, (rep, lab, dev) in enumerate(zip(reports, labels, devs)):
         lab = parse_label(lab) if isinstance(lab, str) else dict(lab or {})
         rep = as_report(rep)
-        f = report_findings(rep, device)
+        f = report_findings(rep, dev)
         tpot = f.get("latency.tpot_p50_ms")
         if tpot is None:
             tpot = f.get("latency.decode_step_p50_ms")
@@ -87,6 +90,7 @@ def sweep_points(reports: Sequence[Report | Mapping[str, Any]], labels: Sequence
             "throughput_tok_s": div(batch * 1000.0, tpot) if batch is not None else None,
             "prefill_mfu": f.get("prefill.mfu"),
             "decode_comm_share": f.get("decode.comm_share"),
+            "device": f.get("trace.device"),
         }
         pts.append(pt)
     return pts

@@ -274,7 +274,9 @@ def test_templated_names_classified_by_base_name(kineto, tmp_path):
     b.runtime("cudaMemcpyAsync", 0, 100, 999)
     a = run_analysis(str(b.write(tmp_path / "t.json")))
     p = a.phase("all")
-    assert p.categories_ms == {"attention": 0.02, "communication": 0.03, "moe": 0.02}
+    # DeepEP dispatch 0-10 and the combine 10-20 move tokens between GPUs (all-to-all): with the
+    # NCCL all-reduce 20-50, communication is 50 µs on one stream
+    assert p.categories_ms == {"attention": 0.02, "communication": 0.05}
     assert p.kernel_count == 4  # the runtime memcpy call is never a kernel
     assert p.attention_share == pytest.approx(20 / 70, abs=1e-6)  # 28.6 %
 

@@ -62,10 +62,10 @@ def _comm_trace(kineto, overlapped: bool):
         b.launch("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 700, 300, 20)
         b.launch("gemv_kernel", 1000, 100, 30)
     else:
-        # all-reduce on stream 8, 500-800: only 700-800 has no compute beside it
+        # all-reduce on stream 8, 550-850: only 700-850 has no compute beside it
         b.launch("gemv_kernel", 100, 600, 10)
-        b.launch("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 500, 300, 20, stream=8)
-        b.launch("gemv_kernel", 800, 300, 30)
+        b.launch("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 550, 300, 20, stream=8)
+        b.launch("gemv_kernel", 850, 250, 30)
     return b
 
 
@@ -73,30 +73,39 @@ def test_comm_exposed_fires_on_an_all_reduce_alone_on_the_gpu(kineto, tmp_path):
     r = _report(_comm_trace(kineto, overlapped=False), tmp_path, "comm.json")
     s = _symptom(r, "comm-exposed")
     assert s is not None
-    # window 100..1100 µs = 1.00 ms; the all-reduce 700..1000 runs alone: 0.30 ms = 30 % > 10 %
-    assert s["summary"] == ("communication alone on the GPU 0.30 ms = 30% of the 1.00 ms window (> 10%); "
-                            "all communication 0.30 ms")
+    # window 100..1100 µs = 1.00 ms; the all-reduce 700..1000 runs alone: 0.30 ms = 30 % > 15 %,
+    # none of it hidden
+    assert s["summary"] == ("communication alone on the GPU 0.30 ms = 30% of the 1.00 ms window (> 15%); "
+                            "0.00 ms more hidden behind other work, 0.30 ms of communication in all")
     ev = s["evidence"]["findings"]
     assert ev["all.comm_exposed_share"] == pytest.approx(0.3, **FLOAT)
     assert ev["all.comm_exposed_ms"] == pytest.approx(0.3, **FLOAT)
     assert ev["all.communication_ms"] == pytest.approx(0.3, **FLOAT)
-    assert ev["all.window_ms"] == pytest.approx(1.0, **FLOAT)
+    assert ev["all.own_window_ms"] == pytest.approx(1.0, **FLOAT)
     assert s["stake_ms"] == pytest.approx(0.3, **FLOAT)
+    assert (s["share"], s["share_of"]) == (pytest.approx(0.3, **FLOAT), "phase_window")
     assert s["recommends"] == ["overlap_communication"]
-    # the only cause-kind rule that fired (S4-decode-comm-exposed is a symptom at equal severity)
+    # the only cause-kind rule that fired (S4-decode-comm-exposed, 30 % of the same decode window,
+    # is a symptom at equal severity, grouped under it by their common cause)
     assert r["headline"]["rule_id"] == "comm-exposed"
-    assert r["headline"]["text"] == "exposed communication: 30% of the window only all-reduce/all-gather kernels run"
+    assert r["headline"]["text"] == ("exposed communication: only communication kernels run for 30% of the 1.0 ms GPU window "
+                                     "(0.30 ms; 0.00 ms more hidden behind compute)")
+    assert (r["headline"]["share"], r["headline"]["share_of"]) == (0.3, "phase_window")
+    assert _symptom(r, "S4-decode-comm-exposed")["grouped_under"] == "comm-exposed"
 
 
-def test_comm_exposed_near_miss_exactly_10_percent_exposed(kineto, tmp_path):
+def test_comm_exposed_near_miss_exactly_15_percent_exposed(kineto, tmp_path):
     r = _report(_comm_trace(kineto, overlapped=True), tmp_path, "comm_near.json")
     p = _phase(r, "all")
-    # window 100..1100 = 1.00 ms; all-reduce 500..800 overlaps the gemv 100..700 except 700..800:
-    # exposed 0.10 ms = 10 %, not > 10 %
-    assert p["comm_exposed_ms"] == pytest.approx(0.1, **FLOAT)
+    # window 100..1100 = 1.00 ms; all-reduce 550..850 overlaps the gemv 100..700 except 700..850:
+    # exposed 0.15 ms = 15 %, not > 15 %; hidden 550..700 = 0.15 ms, behind the GEMV (gemm)
+    assert p["comm_exposed_ms"] == pytest.approx(0.15, **FLOAT)
+    assert p["comm_hidden_ms"] == pytest.approx(0.15, **FLOAT)
+    assert p["comm_hidden_behind_ms"] == pytest.approx({"gemm": 0.15}, **FLOAT)
     assert p["window_ms"] == pytest.approx(1.0, **FLOAT)
     assert p["categories_ms"]["communication"] == pytest.approx(0.3, **FLOAT)
     _assert_evaluated_not_fired(r, "comm-exposed")
+    _assert_evaluated_not_fired(r, "S4-decode-comm-exposed")
 
 
 # --------------------------------------------------------------------------- elementwise-dominated
@@ -107,8 +116,8 @@ def _elementwise_trace(kineto, gemm_us: float, n_gemm: int = 8):
     b.annotation(PREFILL, 0, 3000)
     t, corr_ts = 100, 5
     for name in ["vectorized_elementwise_kernel"] * 8 + ["rms_norm_kernel"] * 4:
-        b.launch(name, t, 10, corr_ts)
-        t, corr_ts = t + 10, corr_ts + 3
+        b.launch(name, t, 20, corr_ts)
+        t, corr_ts = t + 20, corr_ts + 3
     for _ in range(n_gemm):
         b.launch("gemm_kernel", t, gemm_us, corr_ts)
         t, corr_ts = t + gemm_us, corr_ts + 3
@@ -116,34 +125,37 @@ def _elementwise_trace(kineto, gemm_us: float, n_gemm: int = 8):
 
 
 def test_elementwise_dominated_fires_with_norms_counted(kineto, tmp_path):
-    r = _report(_elementwise_trace(kineto, gemm_us=20), tmp_path, "ew.json")
+    r = _report(_elementwise_trace(kineto, gemm_us=29), tmp_path, "ew.json")
     s = _symptom(r, "elementwise-dominated")
     assert s is not None
-    # 8 elementwise + 4 rms_norm kernels x 10 µs = 0.12 ms; 8 GEMMs x 20 µs = 0.16 ms; 20 kernels
-    # (the rule's minimum); 0.12 / 0.28 = 42.9 % >= 40 %; GEMM 0.16 / 0.28 = 57 %
-    assert s["summary"] == ("elementwise/norm/copy kernels 0.12 ms = 43% of kernel time (0.28 ms) >= 40%; "
-                            "GEMM 57%, attention 0%")
+    # 8 elementwise + 4 rms_norm kernels x 20 µs = 0.24 ms; 8 GEMMs x 29 µs = 0.232 ms; 20 kernels
+    # (the rule's minimum), none under 15 µs, one stream: kernel time 0.472 ms; 0.24 > 0.232, the
+    # largest group: 0.24 / 0.472 = 50.8 %; GEMM 0.232 / 0.472 = 49.2 %
+    assert s["summary"] == ("elementwise/norm/copy kernels 0.24 ms = 51% of kernel time (0.47 ms), more than any "
+                            "other kind of kernel: GEMM 49%, attention 0%")
     ev = s["evidence"]["findings"]
-    assert ev["main.elementwise_norm_ms"] == pytest.approx(0.12, **FLOAT)
-    assert ev["main.elementwise_norm_share"] == pytest.approx(0.12 / 0.28, **FLOAT)
+    assert ev["main.elementwise_norm_ms"] == pytest.approx(0.24, **FLOAT)
+    assert ev["main.elementwise_norm_share"] == pytest.approx(0.24 / 0.472, **FLOAT)
     assert ev["main.kernel_count"] == 20
-    assert _phase(r, "all")["categories_ms"] == pytest.approx({"elementwise": 0.08, "norm": 0.04, "gemm": 0.16}, **FLOAT)
-    assert r["headline"]["text"] == ("prefill is elementwise-dominated: 43% of kernel time (0.1 ms) in "
-                                     "elementwise/norm/copy kernels, not in GEMMs or attention")
+    assert _phase(r, "all")["categories_ms"] == pytest.approx({"elementwise": 0.16, "norm": 0.08, "gemm": 0.232}, **FLOAT)
+    assert r["headline"]["text"] == ("prefill is elementwise-dominated: 51% of kernel time (0.2 ms) in "
+                                     "elementwise/norm/copy kernels, more than in GEMMs or attention")
+    assert (r["headline"]["share"], r["headline"]["share_of"]) == (pytest.approx(0.24 / 0.472, abs=1e-6), "kernel_time")
     assert s["recommends"] == ["kernel_fusion"]
 
 
-def test_elementwise_dominated_near_miss_below_40_percent(kineto, tmp_path):
-    r = _report(_elementwise_trace(kineto, gemm_us=23), tmp_path, "ew_near.json")
-    # 0.12 ms elementwise/norm of 0.12 + 8 x 0.023 = 0.304 ms: 39.5 % < 40 %
+def test_elementwise_dominated_near_miss_as_much_as_the_gemms(kineto, tmp_path):
+    r = _report(_elementwise_trace(kineto, gemm_us=30), tmp_path, "ew_near.json")
+    # 0.24 ms elementwise/norm against 8 x 0.030 = 0.24 ms of GEMM: not more than the GEMMs
     a = _phase(r, "all")
-    assert a["kernel_ms"] == pytest.approx(0.304, **FLOAT)
+    assert a["kernel_ms"] == pytest.approx(0.48, **FLOAT)
+    assert a["categories_ms"]["gemm"] == pytest.approx(0.24, **FLOAT)
     assert a["kernel_count"] == 20
     _assert_evaluated_not_fired(r, "elementwise-dominated")
 
 
 def test_elementwise_dominated_needs_20_kernels(kineto, tmp_path):
-    # the firing trace less one GEMM: 19 kernels, 0.12 / 0.26 = 46 % but below min_samples
+    # 19 kernels: elementwise/norm 0.24 ms > 7 x 0.02 ms of GEMM, but below min_samples
     r = _report(_elementwise_trace(kineto, gemm_us=20, n_gemm=7), tmp_path, "ew_19.json")
     assert "elementwise-dominated" not in [s["id"] for s in r["symptoms"]]
     ne = next(n for n in r["not_evaluated"] if n["id"] == "elementwise-dominated")
@@ -172,7 +184,8 @@ def test_h2d_copies_dominate_fires(kineto, tmp_path):
     assert s["summary"] == "host-to-device copies 0.60 ms = 60% of the 1.00 ms GPU window (>= 50%)"
     assert s["evidence"]["findings"]["all.h2d_ms"] == pytest.approx(0.6, **FLOAT)
     assert s["evidence"]["findings"]["all.memcpy_ms"] == pytest.approx(0.6, **FLOAT)
-    assert r["headline"]["text"] == "60% of the window is host-to-device copies (0.6 ms): data streamed from host memory"
+    assert r["headline"]["text"] == ("host-to-device copies (0.6 ms) take 60% of the 1.0 ms GPU window: "
+                                     "data streamed from host memory")
     # stake 0.6 ms of a 1.0 ms window: >= 50 % -> high
     assert s["severity"] == "high"
 
@@ -206,11 +219,12 @@ def test_host_blocking_wait_fires_and_names_the_call(kineto, tmp_path):
     s = _symptom(r, "host-blocking-wait")
     assert s is not None
     # idle 300..800 = 0.50 ms; the sync 305..795 covers 490 µs >= half of it -> host_blocked;
-    # window 100..1100 = 1.00 ms: idle share 50 %, 0.50 >= 25 % of 1.00
+    # window 100..1100 = 1.00 ms: idle share 50 %, 0.50 > 15 % of 1.00
     assert s["summary"] == ("GPU idle 0.50 ms (50% of the window idle in all) while the host was blocked in "
                             "cudaStreamSynchronize")
     assert s["evidence"]["labels"] == {"all.longest_host_blocked_call": "cudaStreamSynchronize"}
-    assert r["headline"]["text"] == "GPU idle 0.5 ms while the host blocked in cudaStreamSynchronize"
+    assert r["headline"]["text"] == ("GPU idle 0.5 ms (50% of the 1.0 ms GPU window) while the host blocked in "
+                                     "cudaStreamSynchronize")
     gap = _phase(r, "all")["gaps"]["longest"][0]
     assert (gap["ms"], gap["cause"], gap["host_call"]) == (pytest.approx(0.5, **FLOAT), "host_blocked", "cudaStreamSynchronize")
     # a host-late gap explained by a blocking call is not a launch gap
@@ -218,12 +232,12 @@ def test_host_blocking_wait_fires_and_names_the_call(kineto, tmp_path):
     assert _phase(r, "decode")["launch_gap_share"] == 0.0
 
 
-def test_host_blocking_wait_near_miss_below_a_quarter_of_the_window(kineto, tmp_path):
-    r = _report(_blocking_trace(kineto, 495), tmp_path, "hb_near.json")
+def test_host_blocking_wait_near_miss_at_15_percent_of_the_window(kineto, tmp_path):
+    r = _report(_blocking_trace(kineto, 445), tmp_path, "hb_near.json")
     gap = _phase(r, "all")["gaps"]["longest"][0]
-    # idle 300..500 = 0.20 ms, still host_blocked (sync 305..495 covers 190 µs), but
-    # 0.20 < 0.25 x 1.00 ms
-    assert (gap["ms"], gap["cause"]) == (pytest.approx(0.2, **FLOAT), "host_blocked")
+    # idle 300..450 = 0.15 ms, still host_blocked (sync 305..445 covers 140 µs), but not more
+    # than 0.15 x 1.00 ms
+    assert (gap["ms"], gap["cause"]) == (pytest.approx(0.15, **FLOAT), "host_blocked")
     _assert_evaluated_not_fired(r, "host-blocking-wait")
 
 
@@ -249,8 +263,10 @@ def test_mixed_step_decode_stall_fires_on_a_vllm_chunked_prefill_step(kineto, tm
     assert s is not None
     assert s["summary"] == ("37 decode requests waited 60.0 ms for their next token inside a mixed step of "
                             "8192 tokens (> 50 ms)")
-    assert r["headline"]["text"] == ("37 decode requests stall 60.0 ms inside a 8192-token mixed step: an ITL spike "
-                                     "caused by the prefill chunk sharing the step")
+    # the step is the trace's only step: the stall is 100 % of the steps' own time
+    assert r["headline"]["text"] == ("37 decode requests stall 60.0 ms inside a 8192-token mixed step (100% of the steps' "
+                                     "60.0 ms): an ITL spike caused by the prefill chunk sharing the step")
+    assert (r["headline"]["share"], r["headline"]["share_of"]) == (1.0, "step_span")
     assert s["recommends"] == ["token_budget"]
     # ITL counts the mixed step's decode requests: one sample of 60.0 ms
     assert r["latency"]["itl_ms"]["p50"] == pytest.approx(60.0, **FLOAT)
@@ -326,10 +342,12 @@ def test_prefill_mfu_low_fires_on_a_slow_compute_bound_prefill(kineto, tmp_path)
     assert s is not None
     assert s["summary"] == ("prefill MFU 17.4% < 40% (172 of 989 TFLOP/s, 5.76x its bound); GEMM kernels take 100% "
                             "of kernel time, the costliest kernel is gemm_kernel (100%)")
-    assert r["headline"]["text"] == ("compute-bound prefill at 17% MFU (5.76x its bound): GEMM kernels take 100% of "
-                                     "kernel time; the costliest is gemm_kernel (100%)")
-    # stake = own - own / bound_ratio = 0.4 - 0.4 / 5.7591 = 0.3305 ms
+    # stake = busy - own / bound_ratio = 0.4 - 0.4 / 5.7591 = 0.3305 ms = 83 % of the 0.4 ms step
+    assert r["headline"]["text"] == ("compute-bound prefill at 17% MFU (5.76x its bound): kernel time above the FLOP "
+                                     "bound is 83% of the steps' 0.400 ms; GEMM kernels take 100% of kernel time, the "
+                                     "costliest is gemm_kernel (100%)")
     assert s["stake_ms"] == pytest.approx(0.4 - 0.4 / 5.7591, abs=1e-6)
+    assert (s["share"], s["share_of"]) == (pytest.approx((0.4 - 0.4 / 5.7591) / 0.4, abs=1e-5), "step_span")
     assert s["recommends"] == ["gemm_tuning"]
 
 
@@ -363,17 +381,18 @@ def test_small_kernel_tax_fires(kineto, tmp_path):
     # 50 kernels x 10 µs = 0.50 ms under 15 µs; window 100..2600 = 2.50 ms: 20 % >= 15 %
     assert s["summary"] == "50 kernels under 15 µs take 0.50 ms = 20% of the 2.50 ms GPU window (>= 15%)"
     assert s["evidence"]["findings"]["main.small_kernel_count"] == 50
-    assert r["headline"]["text"] == "small-kernel tax: 50 kernels under 15 µs fill 20% of the window"
+    assert r["headline"]["text"] == "small-kernel tax: 50 kernels under 15 µs fill 20% of the 2.5 ms GPU window"
     # eager launches, no graph: CUDA graphs stay recommended
     assert s["recommends"] == ["fewer_kernels", "cuda_graphs"]
     assert "already_in_place" not in s
 
 
-def test_small_kernel_tax_near_miss_49_kernels(kineto, tmp_path):
-    r = _report(_small_kernel_trace(kineto, 49), tmp_path, "small_49.json")
+def test_small_kernel_tax_near_miss_below_15_percent(kineto, tmp_path):
+    r = _report(_small_kernel_trace(kineto, 35), tmp_path, "small_35.json")
     a = _phase(r, "all")
-    # 49 x 10 µs = 0.49 ms of 2.49 ms = 19.7 % >= 15 %, but 49 < 50 kernels
-    assert (a["small_kernel_count"], a["small_kernel_ms"]) == (49, pytest.approx(0.49, **FLOAT))
+    # 35 x 10 µs = 0.35 ms of 2.35 ms = 14.9 % < 15 %
+    assert (a["small_kernel_count"], a["small_kernel_ms"]) == (35, pytest.approx(0.35, **FLOAT))
+    assert a["window_ms"] == pytest.approx(2.35, **FLOAT)
     _assert_evaluated_not_fired(r, "small-kernel-tax")
 
 
@@ -436,7 +455,8 @@ def test_the_same_late_launch_without_overhead_is_a_launch_gap(kineto, tmp_path)
     assert d["launch_gap_share"] == pytest.approx(1.0 / 1.2, abs=1e-6)
     s = _symptom(r, "S3-launch-gaps")
     assert s is not None
-    assert s["summary"] == "decode launch gaps 83.3% of the GPU window > 15% (1 gaps, median 1000.0 µs; GPU idle 83.3%)"
+    assert s["summary"] == ("decode launch gaps 83.3% of the 1.20 ms GPU window > 15% (1 gaps, median 1000.0 µs; "
+                            "GPU idle 83.3%)")
     assert r["steps"][0]["own_ms"] == pytest.approx(1.2, **FLOAT)
 
 

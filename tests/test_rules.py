@@ -66,14 +66,16 @@ BASE_RULE = {
     "phase": "decode",
     "scope": "trace",
     "requires": ["decode.launch_gap_share"],
-    "thresholds": {"max_share": {"value": 0.15, "unit": "fraction", "rationale": "domain.md §5.1"}},
+    "thresholds": {"max_share": {"value": 0.15, "unit": "fraction",
+                                 "basis": {"kind": "article", "source": "docs/prefill-decode.md §5.1"},
+                                 "rationale": "docs/prefill-decode.md §5.1"}},
     "condition": "decode__launch_gap_share > max_share",
     "summary": "gaps {decode.launch_gap_share:.1%} > {max_share:.0%}",
     "why": "why it matters",
     "likely_cause": "launch overhead",
     "how_to_verify": "look at the timeline",
     "fix": "CUDA graphs",
-    "references": ["domain.md §5.1"],
+    "references": ["docs/prefill-decode.md §5.1"],
 }
 
 
@@ -172,7 +174,8 @@ def test_schema_refuses_bad_severity(tmp_path):
 
 
 def test_schema_refuses_threshold_without_rationale(tmp_path):
-    p = write_rule(tmp_path, thresholds={"max_share": {"value": 0.15, "unit": "fraction"}})
+    p = write_rule(tmp_path, thresholds={"max_share": {"value": 0.15, "unit": "fraction",
+                                                       "basis": {"kind": "article", "source": "docs/prefill-decode.md §5.1"}}})
     with pytest.raises(RuleError, match="rationale"):
         load_rules(p)
 
@@ -185,7 +188,8 @@ def test_id_must_match_file_name(tmp_path):
 
 
 def test_unused_threshold_refused(tmp_path):
-    th = dict(BASE_RULE["thresholds"], spare={"value": 1, "unit": "x", "rationale": "none here"})
+    th = dict(BASE_RULE["thresholds"], spare={"value": 1, "unit": "x", "basis": {"kind": "definition", "source": "one"},
+                                                "rationale": "none here"})
     with pytest.raises(RuleError, match="spare declared but not used"):
         load_rules(write_rule(tmp_path, thresholds=th))
 
@@ -281,7 +285,7 @@ def test_division_by_zero_is_not_evaluated():
 
 def test_missing_required_finding_is_not_evaluated_never_passing():
     rules = load_rules()
-    v = evaluate(rules, {"decode.launch_gap_share": 0.3, "decode.activity_count": 100})
+    v = evaluate(rules, {"decode.launch_gap_own_share": 0.3, "decode.activity_count": 100})
     ne = {n["id"]: n for n in v.not_evaluated}
     assert ne["S2-decode-far-from-bound"]["missing"] == ["decode.bound_ratio"]
     assert ne["decode-not-fed"]["missing"] == ["decode.mbu", "decode.mfu", "decode.gpu_idle_own_share"]
@@ -311,36 +315,37 @@ def test_every_rule_lands_in_exactly_one_bucket(findings):
 
 
 def test_min_samples_makes_rule_not_evaluated():
-    v = evaluate(load_rules(), {"decode.launch_gap_share": 0.9, "decode.activity_count": 3})
+    v = evaluate(load_rules(), {"decode.launch_gap_own_share": 0.9, "decode.activity_count": 3})
     ne = {n["id"]: n for n in v.not_evaluated}
     assert ne["S3-launch-gaps"]["reason"] == "too few samples: decode.activity_count = 3 < 10"
     assert ne["S3-launch-gaps"]["missing"] == []
 
 
 def test_symptom_entry_shape_and_worst_first_order():
-    f = {"decode.launch_gap_share": 0.42, "decode.activity_count": 400, "decode.mbu": 0.85,
+    f = {"decode.launch_gap_own_share": 0.42, "decode.activity_count": 400, "decode.mbu": 0.85,
          "all.gpu_idle_share": 0.5, "all.gpu_idle_own_share": 0.5, "all.activity_count": 400, "decode.gpu_idle_share": 0.45}
     v = evaluate(load_rules(), f)
     assert v.fired_ids == ["S3-launch-gaps", "S3-gpu-idle", "decode-at-bandwidth-limit"]  # high, medium, info
     s = v.symptoms[0]
     assert set(s) >= {"id", "symptom", "severity", "summary", "evidence", "how_to_verify", "fix", "likely_cause"}
     assert s["symptom"] == "S3"
-    assert s["summary"].startswith("decode launch gaps 42.0% of the GPU window > 15%")
+    assert s["summary"].startswith("decode launch gaps 42.0% of the n/a ms GPU window > 15%")
     assert "n/a gaps" in s["summary"]  # evidence finding not given
-    assert s["evidence"]["findings"]["decode.launch_gap_share"] == 0.42
+    assert s["evidence"]["findings"]["decode.launch_gap_own_share"] == 0.42
     assert s["evidence"]["thresholds"]["max_launch_gap_share"]["value"] == 0.15
-    assert s["evidence"]["thresholds"]["max_launch_gap_share"]["unit"] == "fraction of the decode GPU window"
+    assert s["evidence"]["thresholds"]["max_launch_gap_share"]["unit"] == (
+        "fraction of the decode GPU window, idle with an external cause left out")
 
 
 def test_scope_filter():
-    f = {"delta.worst_latency_ratio": 2.0, "decode.launch_gap_share": 0.5, "decode.activity_count": 100}
+    f = {"delta.worst_latency_ratio": 2.0, "decode.launch_gap_own_share": 0.5, "decode.activity_count": 100}
     assert evaluate(load_rules(), f, scope="compare").fired_ids == ["latency-regression"]
     assert evaluate(load_rules(), f, scope="trace").fired_ids == ["S3-launch-gaps"]
     assert set(evaluate(load_rules(), f, scope=None).fired_ids) == {"latency-regression", "S3-launch-gaps"}
 
 
 def test_threshold_overrides():
-    f = {"decode.launch_gap_share": 0.18, "decode.activity_count": 100}
+    f = {"decode.launch_gap_own_share": 0.18, "decode.activity_count": 100}
     rules = load_rules()
     assert "S3-launch-gaps" in evaluate(rules, f).fired_ids
     v = evaluate(rules, f, overrides={"S3-launch-gaps.max_launch_gap_share": 0.2})
@@ -479,8 +484,9 @@ def test_unreliable_phase_numbers_are_not_evaluated():
     assert findings_from_report(rep, include_unreliable=True)["decode.launch_gap_share"] == 0.5
     r = add_verdicts_to_report(make_report(rep))
     ne = {n.id: n for n in r.not_evaluated}
-    assert ne["S3-launch-gaps"].reason == "unreliable finding(s) (see quality): decode.launch_gap_share"
-    assert ne["S3-launch-gaps"].missing == ["decode.launch_gap_share"]
+    # the own-window share is computed from the unreliable launch gaps: unreliable too
+    assert ne["S3-launch-gaps"].reason == "unreliable finding(s) (see quality): decode.launch_gap_own_share"
+    assert ne["S3-launch-gaps"].missing == ["decode.launch_gap_own_share"]
     assert "S3-launch-gaps" not in [s.id for s in r.symptoms]
 
 
@@ -577,7 +583,7 @@ def test_metrics_findings_and_s6():
     assert "metrics.note" not in f
     v = evaluate(load_rules(), f, scope="metrics")
     assert v.fired_ids == ["S6-perplexity-up", "speculative-acceptance-low"]
-    assert v.symptoms[0]["summary"] == "perplexity 5.000 -> 5.200 (+4.0% > +2%)"
+    assert v.symptoms[0]["summary"] == "perplexity 5.000 -> 5.200 (+4.0% > +3%)"
     ok = evaluate(load_rules(), findings_from_metrics({"perplexity_baseline": 5.0, "perplexity_candidate": 5.05}), scope="metrics")
     assert ok.fired_ids == [] and [n["id"] for n in ok.not_evaluated] == ["speculative-acceptance-low"]
     with pytest.raises(DiagnoseError):
@@ -591,8 +597,10 @@ def test_add_verdicts_to_report(kineto, tmp_path):
     assert isinstance(rep["symptoms"], list) and isinstance(rep["not_evaluated"], list)
     ne = {n["id"]: n["missing"] for n in rep["not_evaluated"]}
     assert ne["S2-decode-far-from-bound"] == ["decode.bound_ratio"]
-    # comm share 25 % > 20 %
-    assert "S4-decode-comm-exposed" in [s["id"] for s in rep["symptoms"]]
+    # the all-reduce runs alone for 10 µs of the 120 µs decode window: exposed 8.3 % < 15 %
+    assert rep["findings"]["decode.comm_exposed_share"] == pytest.approx(10 / 120)
+    assert rep["findings"]["decode.comm_hidden_ms"] == 0.0
+    assert "S4-decode-comm-exposed" not in [s["id"] for s in rep["symptoms"]]
     json.dumps(rep)  # serializable
 
 

@@ -102,7 +102,16 @@ def test_attention_share_with_templated_names(kineto, tmp_path):
     [
         ("void flashinfer::BatchDecodeWithPagedKVCacheKernel<true, 2u>(flashinfer::paged_kv_t<__nv_bfloat16, int>)",
          "flashinfer::BatchDecodeWithPagedKVCacheKernel", "attention"),
-        ("void combineKernel<(DispatchLayout)0, 128>(Params)", "combineKernel", "moe"),
+        # pplx-kernels' all-to-all combine moves tokens between GPUs: communication, not MoE compute
+        ("void combineKernel<(DispatchLayout)0, 128>(Params)", "combineKernel", "communication"),
+        ("void deep_ep::internode_ll::dispatch<true, 8>(Params)", "deep_ep::internode_ll::dispatch", "communication"),
+        ("void deep_ep::layout::get_dispatch_layout(long const*, int*)", "deep_ep::layout::get_dispatch_layout", "moe"),
+        ("nvshmemi_init_array_kernel", "nvshmemi_init_array_kernel", "communication"),
+        # a cuDNN convolution is an (implicit) matrix multiply, whatever activation its name fuses
+        ("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int)", "cudnn::detail::dgrad_engine", "gemm"),
+        ("volta_scudnn_128x64_relu_interior_nn_v1", "volta_scudnn_128x64_relu_interior_nn_v1", "gemm"),
+        # an Inductor kernel fused from an op named after a collective is a pointwise kernel
+        ("triton_poi_fused_all_reduce_0", "triton_poi_fused_all_reduce_0", "elementwise"),
         ("void (anonymous namespace)::elementwise_kernel_with_index<int, at::native::arange_cuda_out(c10::Scalar const&)::{lambda()#1}>(int, F)",
          "anon::elementwise_kernel_with_index", "elementwise"),
         ("nvjet_hsh_128x256_64x4_1x2_h_bz_coopB_NNT", "nvjet_hsh_128x256_64x4_1x2_h_bz_coopB_NNT", "gemm"),

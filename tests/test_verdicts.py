@@ -407,6 +407,7 @@ def test_decode_gpu_0_headline_is_the_host_with_its_split():
     assert h["text"] == ("decode is host-bound: 0.927 ms per step in triton_heuristics.py(1103): run (launch overhead), "
                          "GPU idle 95%; waiting: launch overhead 46%, host computing 34%, host blocked in a "
                          "synchronizing call 20%")
+    assert (h["share"], h["share_of"]) == (pytest.approx(2.023194 / window_ms, abs=1e-6), "phase_window")
     assert h["caveat"] == "the window holds part of a forward: TPOT, MBU and the bound ratio cannot be read from it"
     assert d["launch_gap_share"] == pytest.approx(0.926753 / window_ms, abs=NS)
     assert "cuda_graphs" in _symptom(r, "S3-launch-gaps")["recommends"]
@@ -431,7 +432,7 @@ def test_capture_pass_is_recognised_and_no_timing_rule_fires():
     assert r["headline"] == {
         "text": "this is a CUDA/HIP graph capture pass: nothing executed, so no timing conclusion; profile a replay "
                 "(and give this file as --capture-trace to map the replay's kernels to ops)",
-        "rule_id": None, "cause": "graph_capture", "ms": None, "share": None}
+        "rule_id": None, "cause": "graph_capture", "device": None, "ms": None, "share": None, "share_of": None}
 
 
 # --------------------------------------------------------------------------- one headline everywhere

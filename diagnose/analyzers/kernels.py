@@ -75,6 +75,7 @@ from diagnose.analyzers.graphmap import (
     step_padded_sizes,
 )
 from diagnose.analyzers.moebytes import moe_kernel_bytes
+from diagnose.analyzers.timeline import union_by_group_ns
 from diagnose.analyzers.opcost import (
     ATTENTION_OPS,
     CONCRETE_OPS,
@@ -98,7 +99,8 @@ _dec = msgspec.json.Decoder()
 #:   kernel (str: full kernel name), category (str | None: kernel category),
 #: - calls (int: kernel launches), total_ms (float: summed kernel time, ms),
 #:   mean_us (float: per call, µs), kernel_time_share (float: of the kernel time of this
-#:   phase on this device, [0, 1]),
+#:   phase on this device, the union of its kernels' intervals over streams; [0, 1] unless
+#:   one row's kernels overlap each other on several streams),
 #: - flops, bytes (float: FLOP and bytes of the rows' calls, apportioned by kernel time
 #:   within multi-kernel op calls; NaN = unknown), flops_per_call, bytes_per_call,
 #: - achieved_tflops (flops / kernel time, 1e12 FLOP/s), achieved_tbps (bytes / kernel
@@ -297,9 +299,11 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
     calls = np.bincount(gid, minlength=n_rows)
     total_ns = np.bincount(gid, weights=dur, minlength=n_rows)
     first = _first_index(gid, n_rows)
-    # phase kernel time per (device, phase)
+    # phase kernel time per (device, phase): the union of its kernels' intervals (streams merged),
+    # the one denominator of every share of kernel time
     dp_c = _combine([dev_c, ph_c], [len(dev_u), len(ph_u)])
-    phase_ns = np.bincount(dp_c, weights=dur)[dp_c]
+    phase_ns = union_by_group_ns(g["start_ns"].to_numpy(dtype=np.int64)[k], g["end_ns"].to_numpy(dtype=np.int64)[k],
+                                 dp_c, int(dp_c.max()) + 1).astype(np.float64)[dp_c]
     ck_c, cost_flops, cost_bytes, cost_model, cost_note = _kernel_costs(trace, g, k, steps, kop, n_opkey, cols, rep_src)
     fk, bk, k_model, k_note, k_layer, names = _apportion(g, k, links, dur, kname, kop, n_opkey, cols, rep_src,
                                                          cost_flops[ck_c], cost_bytes[ck_c], moe)

@@ -6,7 +6,7 @@ step phase present on it, and ``unknown`` for activity no step claims.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -15,7 +15,7 @@ from msgspec import UNSET
 from diagnose.analyzers.attainment import NO_ATTAINMENT, AttainmentPrep, phase_attainment
 from diagnose.analyzers.base import Notes, declared
 from diagnose.analyzers.latency import union_ns
-from diagnose.analyzers.timeline import gap_distribution, union_busy_ns
+from diagnose.analyzers.timeline import gap_distribution, union_busy_ns, union_by_group_ns
 from diagnose.analyzers.causerows import cause_rows
 from diagnose.analyzers.collectives import Collectives, phase_collectives
 from diagnose.analyzers.hostcause import HostCauses
@@ -49,35 +49,23 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
     gaps, cg, dacts = caused_gaps(sub, host, outside, pre)
     dur = (sub["end_ns"] - sub["start_ns"]).to_numpy()
     cat_id = sub["category_id"].to_numpy()
-    # per category: sums exact in float64 below 2**53 ns (104 days)
-    per_cat = np.bincount(cat_id, weights=dur, minlength=len(CATEGORIES))
-    present = np.bincount(cat_id, minlength=len(CATEGORIES)) > 0
-    categories_ms = {c: round(float(per_cat[i]) / 1e6, 6) for i, c in enumerate(CATEGORIES) if present[i]}
+    s_all, e_all = sub["start_ns"].to_numpy(), sub["end_ns"].to_numpy()
     is_kernel = (sub["kind"] == "kernel").to_numpy()
+    # per category: the union of its activities (kernels of one category on overlapping
+    # streams count once), so each category's share of kernel time is at most 1
+    present = np.bincount(cat_id, minlength=len(CATEGORIES)) > 0
+    per_cat = union_by_group_ns(s_all, e_all, cat_id, len(CATEGORIES))
+    categories_ms = {c: round(float(per_cat[i]) / 1e6, 6) for i, c in enumerate(CATEGORIES) if present[i]}
     kernel_ns = int(dur[is_kernel].sum())
+    kernel_busy_ns = union_busy_ns(s_all[is_kernel], e_all[is_kernel])
     small = is_kernel & (dur < SMALL_KERNEL_NS)
     h2d = (sub["kind"] == "memcpy").to_numpy() & per_unique(sub["name"], lambda n: "HtoD" in str(n) or "Host -> Device" in str(n))
-    comm = cat_id == CATEGORIES.index("communication")
-    comm_exposed_ns = 0
-    if comm.any():
-        s_all, e_all = sub["start_ns"].to_numpy(), sub["end_ns"].to_numpy()
-        comm_exposed_ns = gaps.busy_ns - union_busy_ns(s_all[~comm], e_all[~comm])
-    attn_ns = int(dur[is_kernel & (cat_id == CATEGORIES.index("attention"))].sum())
-    top = []
-    if is_kernel.any():
-        # per kernel name, in first-seen order (as groupby(sort=False))
-        codes, _ = pd.factorize(sub["name_id"].to_numpy()[is_kernel], sort=False)
-        first = np.full(codes.max() + 1, len(codes), dtype=np.int64)
-        np.minimum.at(first, codes, np.arange(len(codes)))
-        agg = pd.DataFrame(
-            {"total_ns": np.bincount(codes, weights=dur[is_kernel]).astype(np.int64),
-             "count": np.bincount(codes),
-             "category": sub["category"].to_numpy()[is_kernel][first]},
-            index=pd.Index(sub["name"].to_numpy(dtype=object)[is_kernel][first], dtype=object))
-        for kname, r in agg.sort_values("total_ns", ascending=False).head(10).iterrows():
-            top.append(TopKernel(name=kname[:200], category=r["category"], count=int(r["count"]),
-                                 total_ms=round(float(r["total_ns"]) / 1e6, 6),
-                                 kernel_time_share=round(float(r["total_ns"]) / kernel_ns, 6) if kernel_ns else None))
+    # small kernels and host-to-device copies as busy unions too: time on the window, counted once
+    sel = small | h2d
+    small_h2d = union_by_group_ns(s_all[sel], e_all[sel], np.where(small[sel], 0, 1), 2)
+    comm = comm_overlap(s_all, e_all, cat_id, gaps.busy_ns)
+    attn_ns = int(per_cat[CATEGORIES.index("attention")])
+    top = _top_kernels(sub, dur, is_kernel, s_all, e_all, kernel_busy_ns)
     gap_info = Gaps(
         launch=gap_distribution(gaps.launch_gaps_ns),
         all=gap_distribution(gaps.all_gaps_ns),
@@ -87,6 +75,7 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
     )
     pos = sub.index.to_numpy() if coll is not None else np.zeros(0, dtype=np.int64)
     coll_comm, coll_wait, coll_calls, coll_top = phase_collectives(coll, pos) if coll is not None else (0, 0, 0, None)
+    comm_exposed_ns = comm.exposed_ns
     if coll_wait and comm_exposed_ns:  # exposed communication holds the transfer, not the wait for peers
         comm_exposed_ns = max(0, comm_exposed_ns - coll_wait)
     causes = cause_rows(cg, gaps.window_ns, own_ns, psteps, (coll_wait, coll_calls, coll_top))
@@ -103,8 +92,9 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
         gpu_busy_ms=round(gaps.busy_ns / 1e6, 6),
         gpu_idle_share=_r(gaps.idle_share),
         launch_gap_share=_r(gaps.launch_gap_share),
-        attention_share=_r(attn_ns / kernel_ns) if kernel_ns else None,
+        attention_share=_r(attn_ns / kernel_busy_ns) if kernel_busy_ns else None,
         kernel_ms=round(kernel_ns / 1e6, 6),
+        kernel_busy_ms=round(kernel_busy_ns / 1e6, 6),
         kernel_count=int(is_kernel.sum()),
         activity_count=int(len(sub)),
         categories_ms=categories_ms,
@@ -114,15 +104,86 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
         graph_step_share=graph_share,
         collective_comm_ms=round(coll_comm / 1e6, 6),
         collective_wait_ms=round(coll_wait / 1e6, 6),
-        small_kernel_ms=round(float(dur[small].sum()) / 1e6, 6),
+        small_kernel_ms=round(float(small_h2d[0]) / 1e6, 6),
         small_kernel_count=int(small.sum()),
-        h2d_ms=round(float(dur[h2d].sum()) / 1e6, 6),
+        h2d_ms=round(float(small_h2d[1]) / 1e6, 6),
         comm_exposed_ms=round(comm_exposed_ns / 1e6, 6),
+        comm_hidden_ms=round(comm.hidden_ns / 1e6, 6),
+        comm_hidden_behind_ms={c: round(v / 1e6, 6) for c, v in comm.behind_ns.items()},
         top_kernels=top,
         unreliable=list(unreliable),
     )
     return PhaseRow.of(times, attainment if attainment is not None else NO_ATTAINMENT)
 
+
+
+@dataclass(frozen=True)
+class CommOverlap:
+    """Communication of one phase against everything else on the device, in ns:
+    ``exposed_ns`` with nothing else running, ``hidden_ns`` with other work running (together
+    the communication's busy union), and ``behind_ns``: per other category present, the
+    communication time during which that category ran (categories may overlap each other,
+    so these need not add up to ``hidden_ns``)."""
+
+    exposed_ns: int = 0
+    hidden_ns: int = 0
+    behind_ns: dict[str, int] = field(default_factory=dict)
+
+
+_COMM = CATEGORIES.index("communication")
+
+
+def comm_overlap(start_ns: np.ndarray, end_ns: np.ndarray, cat_id: np.ndarray, busy_ns: int) -> CommOverlap:
+    """Exposed and hidden communication (:class:`CommOverlap`) of one phase's activities.
+
+    Exposed = busy union of everything - busy union of everything but communication; hidden
+    = communication's union - exposed; hidden behind category c = |comm ∩ c| = |comm| + |c|
+    - |comm ∪ c| (each a busy union, one sort for all categories)."""
+    comm = cat_id == _COMM
+    if not comm.any():
+        return CommOverlap()
+    others = sorted(int(c) for c in np.unique(cat_id[~comm]))
+    comm_ns = union_busy_ns(start_ns[comm], end_ns[comm])
+    exposed = busy_ns - union_busy_ns(start_ns[~comm], end_ns[~comm])
+    if not others:
+        return CommOverlap(exposed, comm_ns - exposed, {})
+    # groups: each other category alone (0..k-1), then comm together with it (k..2k-1)
+    k = len(others)
+    slot = np.full(len(CATEGORIES), -1, dtype=np.int64)
+    slot[others] = np.arange(k)
+    cs, ce = start_ns[comm], end_ns[comm]
+    idx = ~comm
+    starts = [start_ns[idx], start_ns[idx]] + [cs] * k
+    ends = [end_ns[idx], end_ns[idx]] + [ce] * k
+    groups = [slot[cat_id[idx]], slot[cat_id[idx]] + k] + [np.full(len(cs), k + i, dtype=np.int64) for i in range(k)]
+    u = union_by_group_ns(np.concatenate(starts), np.concatenate(ends), np.concatenate(groups), 2 * k)
+    behind = {CATEGORIES[c]: int(comm_ns + u[i] - u[k + i]) for i, c in enumerate(others)}
+    return CommOverlap(exposed, comm_ns - exposed, {c: v for c, v in behind.items() if v > 0})
+
+
+def _top_kernels(sub: pd.DataFrame, dur: np.ndarray, is_kernel: np.ndarray, s_all: np.ndarray, e_all: np.ndarray,
+                 kernel_busy_ns: int, top: int = 10) -> list[TopKernel]:
+    """The ``top`` kernel names by summed time; each one's share is its busy union over the
+    phase's kernel busy union (the one denominator of every kernel-time share)."""
+    if not is_kernel.any():
+        return []
+    # per kernel name, in first-seen order (as groupby(sort=False))
+    codes, _ = pd.factorize(sub["name_id"].to_numpy()[is_kernel], sort=False)
+    first = np.full(codes.max() + 1, len(codes), dtype=np.int64)
+    np.minimum.at(first, codes, np.arange(len(codes)))
+    total = np.bincount(codes, weights=dur[is_kernel]).astype(np.int64)
+    order = sorted(range(len(total)), key=lambda i: (-total[i], i))[:top]
+    rank = np.full(len(total), -1, dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    mine = rank[codes] >= 0
+    union = union_by_group_ns(s_all[is_kernel][mine], e_all[is_kernel][mine], rank[codes][mine], len(order))
+    count = np.bincount(codes)
+    names = sub["name"].to_numpy(dtype=object)[is_kernel][first]
+    cats = sub["category"].to_numpy()[is_kernel][first]
+    return [TopKernel(name=str(names[i])[:200], category=cats[i], count=int(count[i]),
+                      total_ms=round(float(total[i]) / 1e6, 6),
+                      kernel_time_share=round(float(union[r]) / kernel_busy_ns, 6) if kernel_busy_ns else None)
+            for r, i in enumerate(order)]
 
 
 #: Phase numbers that a window holding part of a forward cannot give.

@@ -49,6 +49,31 @@ def union_busy_ns(start_ns: np.ndarray, end_ns: np.ndarray) -> int:
     return int((block_end - block_start).sum())
 
 
+def union_by_group_ns(start_ns: np.ndarray, end_ns: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
+    """Length of the union of [start, end) intervals within each group, in ns (int64 array of
+    ``n_groups``): one sort for every group. Each group is shifted past the others' span, so
+    merged blocks never cross groups (``group`` holds indexes in [0, n_groups))."""
+    out = np.zeros(n_groups, dtype=np.int64)
+    if len(start_ns) == 0:
+        return out
+    s = np.asarray(start_ns, dtype=np.int64)
+    e = np.asarray(end_ns, dtype=np.int64)
+    lo = int(s.min())
+    span = int(e.max()) - lo + 1
+    shift = np.asarray(group, dtype=np.int64) * span - lo
+    s, e = s + shift, e + shift
+    order = np.argsort(s, kind="stable")
+    s, e, g = s[order], e[order], np.asarray(group, dtype=np.int64)[order]
+    cm = np.maximum.accumulate(e)
+    new_block = np.empty(len(s), dtype=bool)
+    new_block[0] = True
+    new_block[1:] = s[1:] > cm[:-1]
+    starts = np.nonzero(new_block)[0]
+    block_end = np.maximum.reduceat(e, starts)
+    np.add.at(out, g[starts], block_end - s[starts])
+    return out
+
+
 @dataclass
 class GapStats:
     """Idle gaps of one device/phase. Times in ns; shares are fractions of ``window_ns``.

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from diagnose.engine.condition import eval_condition, eval_expression, mangle
-from diagnose.engine.rule import Number, Rule, apply_overrides, render_template
+from diagnose.engine.rule import SHARE_FIELD, Number, Rule, apply_overrides, render_template, share_text
 from diagnose.vocab import LEVERS, QUALITY_CODES, SEVERITY_RANK, STEP_PHASES
 
 
@@ -33,17 +33,10 @@ class Verdicts:
 
     @property
     def headline(self) -> dict[str, Any] | None:
-        """The lead verdict: {text, rule_id, cause, ms, share} of the first fired symptom (the
-        ranking puts the biggest time at stake first), or None when nothing fired."""
-        for s in self.symptoms:
-            if s.get("grouped_under"):
-                continue
-            h = {"text": s.get("headline") or s["summary"], "rule_id": s["id"], "cause": s.get("cause") or None,
-                 "ms": s.get("stake_ms"), "share": s.get("stake_share")}
-            if s.get("predicted_saving_ms") is not None:
-                h["predicted_saving_ms"] = s["predicted_saving_ms"]
-            return h
-        return None
+        """The lead verdict of the first fired symptom (the ranking puts the biggest time at
+        stake first), or None when nothing fired: {text, rule_id, cause, device, ms, share,
+        share_of}: ``share`` is the share the text prints, of the denominator ``share_of``."""
+        return headline_of(self.symptoms)
 
     def worst(self) -> str | None:
         return self.symptoms[0]["severity"] if self.symptoms else None
@@ -59,13 +52,34 @@ class Verdicts:
 from diagnose.numeric import num as _clean  # noqa: E402
 
 
-def _stake_base_ms(findings: Mapping[str, Any]) -> float | None:
-    """What a stake is a share of: the steps' own time (sum of ``<phase>.own_ms`` over the
-    step phases), or the whole GPU window (``all.window_ms``) when the trace has no steps.
-    Time outside the steps (the previous step's tail, waits on work not in the trace) is
-    not what a rule's lever can win back."""
-    own = [x for x in (_clean(findings.get(f"{p}.own_ms")) for p in STEP_PHASES) if x]
-    return sum(own) if own else _clean(findings.get("all.window_ms"))
+def headline_of(symptoms: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The headline of ranked symptoms: the first one not grouped under another, as {text,
+    rule_id, cause, device, ms, share, share_of}; None when none fired."""
+    for s in symptoms:
+        if s.get("grouped_under"):
+            continue
+        h = {"text": s.get("headline") or s["summary"], "rule_id": s["id"], "cause": s.get("cause") or None,
+             "device": s.get("device"), "ms": s.get("stake_ms"), "share": s.get("share"), "share_of": s.get("share_of")}
+        if s.get("predicted_saving_ms") is not None:
+            h["predicted_saving_ms"] = s["predicted_saving_ms"]
+        return h
+    return None
+
+
+def _stake_base_ms(findings: Mapping[str, Any]) -> tuple[float | None, str]:
+    """What the severity of a stake is judged against, and its name: the steps' own time
+    (``steps.own_ms``, else the sum of ``<phase>.own_ms`` over the step phases: "step_span"),
+    or the device's own GPU window (``all.own_window_ms``: "phase_window") when the trace has
+    no steps. Time outside the steps (the previous step's tail, waits on work not in the
+    trace) is not what a rule's lever can win back."""
+    own = _clean(findings.get("steps.own_ms"))
+    if own is None:
+        parts = [x for x in (_clean(findings.get(f"{p}.own_ms")) for p in STEP_PHASES) if x]
+        own = sum(parts) if parts else None
+    if own:
+        return own, "step_span"
+    win = _clean(findings.get("all.own_window_ms"))
+    return (win if win is not None else _clean(findings.get("all.window_ms"))), "phase_window"
 
 
 def severity_for_share(share: float) -> str:
@@ -213,10 +227,21 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
             v.symptoms.append(entry)
         else:
             v.passed.append(entry)
-    kinds = {r.id: r.kind for r in rules}
-    v.symptoms.sort(key=lambda s: (-SEVERITY_RANK[s["severity"]], kinds.get(s["id"]) != "cause", -rank_ms(s), s["id"]))
-    _group(v.symptoms)
+    rank_symptoms(v.symptoms, {r.id: r.kind for r in rules})
     return v
+
+
+def rank_symptoms(symptoms: list[dict[str, Any]], kinds: Mapping[str, str]) -> None:
+    """Sort fired symptoms in place (of one device or of several): severity, then rules that
+    name a root cause (``kinds[id] == "cause"``) before those that describe a symptom, then
+    the ranking time (:func:`rank_ms`), then id and device; those of one device sharing a ``cause`` are grouped
+    under the first (``grouped_under``)."""
+    for s in symptoms:  # a previous ranking's grouping is redone
+        s.pop("grouped_under", None)
+        s.pop("related", None)
+    symptoms.sort(key=lambda s: (-SEVERITY_RANK[s["severity"]], kinds.get(s["id"]) != "cause", -rank_ms(s),
+                                 s["id"], -1 if s.get("device") is None else s["device"]))
+    _group(symptoms)
 
 
 def _entry(r: Rule, head: dict[str, Any], vals: dict[str, Any], findings: Mapping[str, Any], labels: Mapping[str, str],
@@ -248,9 +273,12 @@ def _entry(r: Rule, head: dict[str, Any], vals: dict[str, Any], findings: Mappin
         entry.update(likely_cause=r.likely_cause, how_to_verify=r.how_to_verify, fix=r.fix, references=list(r.references))
         if r.cause:
             entry["cause"] = render_template(r.cause, rule_labels)
-        if r.headline:
-            entry["headline"] = render_template(r.headline, template_vals)
         _rank_time(entry, r, ev_findings, findings, savings)
+        if r.headline:
+            share = entry.get("share")
+            text = None if share is None else share_text(share, entry["share_of"], entry.get("share_base_ms"),
+                                                         _left_out_ms(r, findings))
+            entry["headline"] = render_template(r.headline, {**template_vals, SHARE_FIELD: text})
         keep, notes = _levers(r, findings, entry.get("cause"))
         entry["recommends"] = keep
         if notes:
@@ -261,12 +289,27 @@ def _entry(r: Rule, head: dict[str, Any], vals: dict[str, Any], findings: Mappin
     return entry
 
 
+def _left_out_ms(r: Rule, findings: Mapping[str, Any]) -> float | None:
+    """Idle time with an external cause that a phase's own window leaves out, when the rule's
+    share is of that window and it is at least 1 % of the whole window (else None)."""
+    if not r.share_of.endswith(".own_window_ms"):
+        return None
+    phase = r.share_of.rpartition(".")[0]
+    whole, own = _clean(findings.get(f"{phase}.window_ms")), _clean(findings.get(r.share_of))
+    if whole is None or own is None or whole - own < 0.01 * whole:
+        return None
+    return whole - own
+
+
 def _rank_time(entry: dict[str, Any], r: Rule, ev_findings: Mapping[str, Any], findings: Mapping[str, Any],
                savings: Callable[[Rule], float | None] | None) -> None:
-    """A fired rule's stake (``stake_ms``, ``stake_share``) and predicted saving
-    (``predicted_saving_ms``), which of them ranks it (``rank_basis``), and the severity that
-    follows the ranking time's share of the steps' own time (:func:`rank_ms`)."""
-    window = _stake_base_ms(findings)
+    """A fired rule's time at stake (``stake_ms``); its share of the severity base
+    (``stake_share``, named by ``stake_share_of``); the rule's own share (``share`` of
+    ``share_of``, ``share_base_ms``): the share its headline prints; its predicted saving
+    (``predicted_saving_ms``); which of them ranks it (``rank_basis``), and the severity that
+    follows the ranking time's share of the severity base (:func:`rank_ms`). Each share has
+    one denominator, named next to it."""
+    window, window_of = _stake_base_ms(findings)
     if r.stake_tree is not None:
         senv = {mangle(n): x for n, x in ev_findings.items() if x is not None}
         senv.update(r.threshold_values())
@@ -275,11 +318,18 @@ def _rank_time(entry: dict[str, Any], r: Rule, ev_findings: Mapping[str, Any], f
         except (ZeroDivisionError, OverflowError, KeyError):
             stake = None
         if stake is not None:
+            stake = max(stake, 0.0)
             entry["stake_ms"] = round(stake, 6)
             entry["rank_basis"] = "stake"
             if window:
                 entry["stake_share"] = round(min(stake / window, 1.0), 6)
+                entry["stake_share_of"] = window_of
                 entry["severity"] = severity_for_share(stake / window)
+            base = _clean(findings.get(r.share_of)) if r.share_of else None
+            if base:
+                entry["share"] = round(min(stake / base, 1.0), 6)
+                entry["share_of"] = r.share_denominator
+                entry["share_base_ms"] = round(base, 6)
     saving = savings(r) if savings is not None and r.whatif else None
     if saving is not None:
         entry["predicted_saving_ms"] = round(saving, 6)
@@ -298,20 +348,22 @@ def rank_ms(symptom: Mapping[str, Any]) -> float:
 
 
 def _group(symptoms: list[dict[str, Any]]) -> None:
-    """Symptoms that share a root cause (``cause``) follow the first of them (the one with
-    the most at stake), marked ``grouped_under`` it; the lead lists them in ``related``."""
-    lead: dict[str, dict] = {}
+    """Symptoms of one device that share a root cause (``cause``) follow the first of them
+    (the one with the most at stake), marked ``grouped_under`` it; the lead lists them in
+    ``related``."""
+    lead: dict[tuple, dict] = {}
     ordered: list[dict] = []
-    followers: dict[str, list[dict]] = {}
+    followers: dict[int, list[dict]] = {}
     for s in symptoms:
         c = s.get("cause")
-        if c and c in lead:
-            s["grouped_under"] = lead[c]["id"]
-            lead[c].setdefault("related", []).append(s["id"])
-            followers[lead[c]["id"]].append(s)
+        key = (s.get("device"), c)
+        if c and key in lead:
+            s["grouped_under"] = lead[key]["id"]
+            lead[key].setdefault("related", []).append(s["id"])
+            followers[id(lead[key])].append(s)
             continue
         if c:
-            lead[c] = s
-        followers[s["id"]] = []
+            lead[key] = s
+        followers[id(s)] = []
         ordered.append(s)
-    symptoms[:] = [x for s in ordered for x in [s, *followers[s["id"]]]]
+    symptoms[:] = [x for s in ordered for x in [s, *followers[id(s)]]]

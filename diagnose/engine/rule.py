@@ -36,13 +36,34 @@ RULE_ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9-]*$")
 MAX_FORMAT_NUMBER = 64
 
 
+#: Where a threshold may come from (``basis.kind`` of a rule threshold; "Derive, never fit"):
+#: the article's symptom table and readings (docs/prefill-decode.md), a hardware constant, a
+#: published measurement, or the definition of the symptom's own words ("most" = more than half).
+BASIS_KINDS = ("article", "hardware", "publication", "definition")
+
+#: What a rule's ``share_of`` finding is a share of: the finding's last segment -> the
+#: denominator's name in the JSON report (``headline.share_of``, ``symptoms[].share_of``).
+SHARE_DENOMINATORS = {"own_window_ms": "phase_window", "gpu_busy_ms": "busy_union", "kernel_busy_ms": "kernel_time",
+                      "own_ms": "step_span"}
+
+
+@dataclass(frozen=True)
+class Basis:
+    """Where a threshold's number comes from: ``kind`` (:data:`BASIS_KINDS`) and ``source``
+    (the docs section, the hardware constant, the publication, or the definition)."""
+
+    kind: str
+    source: str
+
+
 @dataclass(frozen=True)
 class Threshold:
-    """A named threshold: value, unit, and why that number (with its source)."""
+    """A named threshold: value, unit, why that number, and its basis (where it comes from)."""
 
     value: Number
     unit: str
     rationale: str
+    basis: Basis | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,6 +98,12 @@ class Rule:
     labels: tuple[str, ...] = ()
     kind: str = "symptom"
     whatif: Mapping[str, Any] | None = None  # README "What-if": what the lever removes (remove, speedup, phase)
+    share_of: str = ""
+
+    @property
+    def share_denominator(self) -> str | None:
+        """The name of what this rule's share is a share of (:data:`SHARE_DENOMINATORS`), or None."""
+        return SHARE_DENOMINATORS.get(self.share_of.rpartition(".")[2]) if self.share_of else None
 
     def threshold_values(self) -> dict[str, Number]:
         return {k: t.value for k, t in self.thresholds.items()}
@@ -105,6 +132,27 @@ def _validate_schema(data: Any, where: str) -> None:
         loc = "/".join(str(p) for p in e.absolute_path) or "(top level)"
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
         raise RuleError(f"{where}: schema: at {loc}: {e.message}{more}")
+
+
+#: The headline field the engine fills with the rule's share and its denominator
+#: (:func:`share_text`): ``{share}`` -> "64% of kernel time".
+SHARE_FIELD = "share"
+
+
+def share_text(share: float, denominator: str, base_ms: float | None, left_out_ms: float | None = None) -> str:
+    """The share as a headline prints it, with what it is a share of: "64% of kernel time",
+    "20% of the 100.0 ms GPU window" (one decimal under 10 %, so a small share never reads
+    0%); a window with idle left out (an external cause: ``left_out_ms``) says so."""
+    pct = f"{share:.0%}" if share >= 0.1 or share == 0 else f"{share:.1%}"
+
+    def ms(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.1f}" if x >= 1 else f"{x:.3f}"
+
+    left = f" ({ms(left_out_ms)} ms of waits with an external cause left out)" if left_out_ms else ""
+    return {"kernel_time": f"{pct} of kernel time",
+            "phase_window": f"{pct} of the {ms(base_ms)} ms GPU window{left}",
+            "busy_union": f"{pct} of the {ms(base_ms)} ms of GPU busy time",
+            "step_span": f"{pct} of the steps' {ms(base_ms)} ms"}[denominator]
 
 
 def _check_template(template: str, allowed: set[str], where: str, what: str = "summary") -> None:
@@ -193,7 +241,8 @@ def rule_from_dict(data: Any, where: str, expected_id: str | None = None, valida
         raise RuleError(f"{where}: id {rid!r} does not match the file name {expected_id!r}.yaml")
     requires = tuple(data["requires"])
     evidence = tuple(x for x in data.get("evidence", []) if x not in requires)
-    thresholds = {k: Threshold(_finite(v["value"], f"{where}: threshold {k}"), v["unit"], v["rationale"])
+    thresholds = {k: Threshold(_finite(v["value"], f"{where}: threshold {k}"), v["unit"], v["rationale"],
+                               Basis(**v["basis"]) if isinstance(v.get("basis"), dict) else None)
                   for k, v in (data.get("thresholds") or {}).items()}
     names = {mangle(f): "finding" for f in requires}
     names.update({k: "threshold" for k in thresholds})
@@ -202,15 +251,26 @@ def rule_from_dict(data: Any, where: str, expected_id: str | None = None, valida
     if unused:
         raise RuleError(f"{where}: threshold(s) {', '.join(unused)} declared but not used in the condition")
     labels = tuple(data.get("labels") or ())
+    share_of = (data.get("share_of") or "").strip()
+    stake = (data.get("stake_ms") or "").strip()
+    headline = (data.get("headline") or "").strip()
+    if bool(share_of) != bool(stake):
+        raise RuleError(f"{where}: stake_ms and share_of go together (the time at stake and what it is a share of)")
+    if share_of and share_of.rpartition(".")[2] not in SHARE_DENOMINATORS:
+        raise RuleError(f"{where}: share_of {share_of!r} is not a denominator finding "
+                        f"(<phase>.own_window_ms, <phase>.gpu_busy_ms, <phase>.kernel_busy_ms or steps.own_ms)")
+    if share_of and share_of not in requires:
+        evidence = evidence + ((share_of,) if share_of not in evidence else ())
     allowed = set(requires) | set(evidence) | set(thresholds) | set(labels)
     _check_template(data["summary"], allowed, where)
-    headline = (data.get("headline") or "").strip()
     if headline:
-        _check_template(headline, allowed, where, "headline")
+        _check_template(headline, allowed | ({SHARE_FIELD} if share_of else set()), where, "headline")
+        if share_of and "{" + SHARE_FIELD + "}" not in headline:
+            raise RuleError(f"{where}: a headline of a rule with a share prints it: put {{{SHARE_FIELD}}} in the headline "
+                            "(it renders as e.g. '64% of kernel time', naming the denominator)")
     cause = (data.get("cause") or "").strip()
     if cause:
         _check_template(cause, set(labels), where, "cause")
-    stake = (data.get("stake_ms") or "").strip()
     stake_tree = None
     if stake:
         snames = {mangle(f): "finding" for f in (*requires, *evidence)}
@@ -256,6 +316,7 @@ def rule_from_dict(data: Any, where: str, expected_id: str | None = None, valida
         labels=labels,
         kind=data.get("kind") or "symptom",
         whatif=whatif,
+        share_of=share_of,
     )
 
 

@@ -22,6 +22,10 @@ def rules_markdown(rules: Sequence[Rule]) -> str:
     L.append("Why each rule and threshold is what it is: [prefill-decode.md](prefill-decode.md) (§7 the symptom table,")
     L.append("§8 the other rules). A rule whose required")
     L.append("finding is missing is reported as **not evaluated** with the missing names, never as passing.")
+    L.append("Every threshold carries its basis (`basis: {kind, source}`: `article`, `hardware`, `publication` or")
+    L.append("`definition`; the schema refuses a threshold without one). Trace-scope rules run on every device of")
+    L.append("a trace, each on its own findings; a rule with a time at stake (`stake_ms`) names what it is a share")
+    L.append("of (`share_of`), and its headline prints that share with its denominator (`{share}`).")
     L.append("")
     L.append("| id | symptom | severity | scope | phase | title |")
     L.append("|---|---|---|---|---|---|")
@@ -135,12 +139,15 @@ def _rule(L: list[str], r: Rule) -> None:
     if r.min_samples:
         L.append("Minimum samples: " + ", ".join(f"`{k}` >= {v}" for k, v in r.min_samples.items()) + ".")
     L.append(f"Summary: \"{r.summary}\"")
+    if r.stake_ms:
+        L.append(f"Time at stake: `{r.stake_ms}`, printed as a share of `{r.share_of}` ({r.share_denominator}).")
     L.append("")
     if r.thresholds:
-        L.append("| threshold | value | unit | rationale |")
-        L.append("|---|---|---|---|")
+        L.append("| threshold | value | unit | basis | rationale |")
+        L.append("|---|---|---|---|---|")
         for k, t in r.thresholds.items():
-            L.append(f"| `{k}` | {t.value} | {t.unit} | {t.rationale} |")
+            basis = f"{t.basis.kind}: {t.basis.source}" if t.basis is not None else "—"
+            L.append(f"| `{k}` | {t.value} | {t.unit} | {basis} | {t.rationale} |")
         L.append("")
     if r.why:
         L.append(f"**Why it matters.** {r.why}")

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from diagnose.analyzers import Analysis
 from diagnose.hardware import describe_devices, describe_peak
+from diagnose.pipeline import device_headline_lines
 from diagnose.report import fmt
 from diagnose.textsafe import safe
 from diagnose.vocab import CAUSE_COLORS, GAP_CAUSE_LABELS, SEVERITY_STYLES
@@ -82,9 +83,13 @@ def render_report(d: dict[str, Any], console: Console | None = None, metadata: d
     if "symptoms" in d:
         sev = symptoms[0]["severity"] if symptoms and h and h.get("rule_id") else "info"
         c.print(Text("► " + headline_text(h), style="bold " + SEVERITY_STYLES.get(sev, "")))
+    for line in device_headline_lines(d):  # each device's own headline, when the trace has several
+        c.print(Text(safe("  " + line), style="dim"))
+    several = len(d.get("device_verdicts") or []) > 1
     for s in symptoms:
         indent = "      " if s.get("grouped_under") else "  "
-        line = f"{indent}[{s['severity']}] {s['id']}: {s['summary']}"
+        where = f" (device {s['device']})" if several and s.get("device") is not None else ""
+        line = f"{indent}[{s['severity']}] {s['id']}{where}: {s['summary']}"
         if s.get("predicted_saving_ms") is not None:
             line += f" (predicted saving {s['predicted_saving_ms']:.3f} ms)"
         c.print(Text(safe(line), style=SEVERITY_STYLES.get(s["severity"], "")))
@@ -232,12 +237,12 @@ def _cause_style(cause: str) -> str:
 
 def _render_kernel_table(c: Console, rows: list[dict[str, Any]]) -> None:
     t = Table(title="Which kernel to tune (kernel table, top rows)", header_style="bold")
-    for col in ("phase", "op", "input dims", "kernel", "calls", "ms", "share", "TFLOP/s", "TB/s", "% peak", "bound"):
+    for col in ("device", "phase", "op", "input dims", "kernel", "calls", "ms", "share", "TFLOP/s", "TB/s", "% peak", "bound"):
         t.add_column(col, justify="right" if col in ("calls", "ms", "share", "TFLOP/s", "TB/s", "% peak") else "left",
                      overflow="fold")
     for r in rows[:10]:
         frac = max([x for x in (r.get("peak_tflops_share"), r.get("peak_tbps_share")) if x is not None], default=None)
-        t.add_row(r.get("phase") or "", safe(r.get("op") or "—"), safe(str(r.get("input_dims") or ""))[:40],
+        t.add_row(fmt.number(r.get("device")), r.get("phase") or "", safe(r.get("op") or "—"), safe(str(r.get("input_dims") or ""))[:40],
                   safe(str(r.get("kernel") or ""))[:48], str(r.get("calls")), fmt.ms(r.get("total_ms")),
                   fmt.pct(r.get("kernel_time_share")), fmt.number(r.get("achieved_tflops"), 1), fmt.number(r.get("achieved_tbps"), 2),
                   fmt.pct(frac), r.get("bound") or (r.get("shapes_unknown") and "shapes unknown") or "—")
