@@ -498,8 +498,8 @@ TIGHT = "latency-regression.max_regression=0.04"
     (SGLANG, H100, (TIGHT,), "no regression"),
 ], ids=["mi300-h100", "mi300-h100-tight", "h100-sglang", "sglang-h100", "sglang-h100-tight"])
 def test_compare_cli_and_web_agree(baseline, candidate, thresholds, verdict):
-    from diagnose.app.server import compare_result, create_app, render_page
-
+    from diagnose.app.compare_view import compare_result
+    from diagnose.app.server import create_app, render_page
     from diagnose.engine import load_ruleset
 
     a, b = shared_trace(baseline), shared_trace(candidate)
