@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from diagnose.compare import unreliable_reasons
-from diagnose.engine import RuleSet, Verdicts, evaluate
+from diagnose.engine import RuleSet, Verdicts
 from diagnose.errors import DiagnoseError
 from diagnose.inputs import finite_number
 from diagnose.findings import Findings, as_report, unreliable_findings

@@ -106,8 +106,7 @@ def evaluate_devices(report, ruleset, device: int | None = None, scopes=("trace"
     """Evaluate the rules of ``scopes`` on every device of ``report`` (only ``device`` when
     given), each on its own findings (:func:`diagnose.findings.flatten`) with ``extra``
     findings added (a metrics file's), and merge the verdicts. ``savings``: a fired rule's
-    predicted step-time saving (:func:`diagnose.analyzers.whatif.rule_saving_ms`): the
-    critical path is the steps', across devices, so a rule has the same saving on each.
+    predicted step-time saving (:func:`diagnose.analyzers.whatif.rule_saving_ms`).
 
     Returns:
         (one :class:`DeviceRun` per device, the merged :class:`~diagnose.engine.Verdicts`):
@@ -183,7 +182,9 @@ def attach_verdicts(analysis_or_report, ruleset=None, device: int | None = None)
     is_analysis = isinstance(analysis_or_report, Analysis)
     report = as_report(analysis_or_report.report if is_analysis else analysis_or_report)
     savings = None
-    if is_analysis and analysis_or_report.paths is not None:
+    # the critical path is the steps', across devices: it predicts a rule's saving only when
+    # the trace has one device (else each device's rules are ranked by their own stake)
+    if is_analysis and analysis_or_report.paths is not None and len(report_devices(report)) <= 1:
         from diagnose.analyzers.whatif import rule_saving_ms
 
         a = analysis_or_report

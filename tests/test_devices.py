@@ -18,7 +18,6 @@ from click.testing import CliRunner
 from conftest import KinetoBuilder
 from diagnose.cli import main
 from diagnose.findings import flatten
-from diagnose.options import AnalysisOptions
 from diagnose.pipeline import diagnose_trace
 
 H100 = {"name": "NVIDIA H100 80GB HBM3"}
@@ -81,6 +80,22 @@ def test_s3_on_the_idle_device_of_two_leads_and_names_it(tmp_path):
     assert "► device 0: GPU idle 20% of the 1.8 ms GPU window" in text
     assert "  device 1: no symptom rule fired" in text
     assert "[medium] S3-gpu-idle (device 0): GPU idle 20.0% of the 1.80 ms window" in text
+
+
+def test_critical_path_saving_ranks_one_device_and_stake_ranks_several(tmp_path):
+    # one device (device 0 alone, every kernel launched up front, before the first one runs):
+    # the window's critical path is 1.8 ms; without its 9 x 40 µs of idle it is 1.44 ms, a
+    # predicted saving of 0.36 ms = 20 % of the 1.8 ms window: medium
+    one = _json("run", "--trace", two_device_trace(devices=(0,)).write(tmp_path / "one.json"))
+    s3 = one["symptoms"][0]
+    assert (s3["id"], s3["severity"], s3["stake_ms"], s3["predicted_saving_ms"], s3["rank_basis"]) == (
+        "S3-gpu-idle", "medium", 0.36, 0.36, "predicted_saving")
+    assert one["headline"]["predicted_saving_ms"] == 0.36
+    # two devices: the critical path runs across both, so it is no device's saving; each
+    # device's rule is ranked (and its severity set) by its own stake: 0.36 / 1.8 ms = medium
+    two = _json("run", "--trace", two_device_trace().write(tmp_path / "two.json"))
+    s3 = two["symptoms"][0]
+    assert (s3["device"], s3["severity"], s3["rank_basis"], "predicted_saving_ms" in s3) == (0, "medium", "stake", False)
 
 
 def test_device_option_still_reads_one_device(tmp_path):
@@ -288,3 +303,36 @@ def test_gate_checks_every_device(tmp_path):
     assert "PASS  device 1: all gpu_idle_share 10.0 % <= 15.0 %" in text
     # --device 1 still checks that device alone: it passes
     assert _run("gate", "--trace", path, "--phase", "all", "--max-idle-share", "0.15", "--device", "1").exit_code == 0
+
+
+# ---------------------------------------------------------------- categories by what a kernel does
+
+
+#: One kernel name per communication row of kernel_categories.yaml, in the table's order (the
+#: names its ``source`` cites), and the Inductor kernel of the same words.
+COMM_KERNELS = [
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "triton_red_fused_nccl_reduce_scatter_1", "elementwise"),
+    ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(vllm::RankData*)", "triton_poi_fused_all_gather_3", "elementwise"),
+    ("multimem_all_reduce_kernel", "triton_per_fused_multimem_0", "elementwise"),
+    ("moeA2ADispatchKernel", "triton_poi_fused_all_to_all_0", "elementwise"),
+    # Inductor kernels named after a dispatch/combine are MoE's local permutation (the moe row)
+    ("void deep_ep::internode::combine<true>(int)", "triton_poi_fused_deep_ep_internode_combine_0", "moe"),
+    ("nvshmemx_barrier_all_on_stream_kernel", "triton_poi_fused_nvshmem_2", "elementwise"),
+    ("dispatchKernel", "triton_poi_fused_dispatchKernel_0", "moe"),
+    ("EpDispatchIntraNodeKernel", "triton_poi_fused_EpDispatchIntraNodeKernel_0", "moe"),
+]
+
+
+def test_every_category_row_cites_its_source_and_comm_rows_never_take_inductor_kernels():
+    from diagnose.analyzers.categories import classify_kernel
+    from diagnose.tables import category_table
+
+    rows = category_table().categories
+    assert all(len(r.source.strip()) > 20 for r in rows), [r.pattern for r in rows if len(r.source.strip()) <= 20]
+    comm = [r for r in rows if r.category == "communication"]
+    assert len(comm) == len(COMM_KERNELS) == 8
+    for row, (name, inductor, cat) in zip(comm, COMM_KERNELS):
+        # the row's own example is communication (this row or an earlier one), never its Inductor namesake
+        assert classify_kernel(name) == "communication", name
+        assert classify_kernel(inductor) == cat, inductor
+        assert re.search(row.pattern, inductor, re.IGNORECASE) is None, (row.pattern, inductor)

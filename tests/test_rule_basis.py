@@ -8,7 +8,6 @@ model the corpus traces run, and no measured number that the user-facing reasoni
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import yaml

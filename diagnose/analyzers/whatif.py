@@ -432,6 +432,8 @@ def step_changes(paths, sc: Scenario, keys: list[int | None] | None = None) -> l
         if k is None:
             key = np.where(g.launch_start != D.NO_TIME, g.launch_start, g.start)
             mem = np.flatnonzero(key >= p.anchor_ns)
+            if not len(mem):  # every activity launched before the first one ran (launched up front)
+                mem = np.flatnonzero(g.start >= p.anchor_ns)
         else:
             mem = members_of[k]
         new_end, removed = retime(g, p.start_ns, p.end_ns, mem, removal)

@@ -84,7 +84,9 @@ def _stake_base_ms(findings: Mapping[str, Any]) -> tuple[float | None, str]:
 
 def severity_for_share(share: float) -> str:
     """Severity from the share of the window at stake: >= 50 % high, >= 20 % medium,
-    >= 5 % low, else info (project defaults: severity follows the time at stake)."""
+    >= 5 % low, else info (project defaults: severity follows the time at stake). The share
+    is compared at the 6 digits the report keeps (0.36 / 1.8 is 20 %, not 19.999... %)."""
+    share = round(share, 6)
     if share >= 0.5:
         return "high"
     if share >= 0.2:
