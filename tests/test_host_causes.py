@@ -121,7 +121,7 @@ def test_guard_time_before_a_graph_replay_is_compile_guard_the_steps_own_cost(tm
     guard_steps(h)
     r = _run(_write(h, tmp_path))
     assert r["headline"]["text"] == ("decode is host-bound: 27.5 ms per step in llama.py(374): forward before the first "
-                                     "graph replay (torch.compile guard), GPU idle 61%")
+                                     "graph replay (torch.compile guard), the GPU waiting for the host 61% of the steps' 452.2 ms")
     d = _phase(r)
     row = d["causes"][0]
     assert (row["cause"], row["external"], row["frame"]) == ("compile_guard", False, "llama.py(374): forward")
@@ -339,7 +339,8 @@ def test_nano_vllm_decode_fragment_splits_dispatch_from_cpu_attention():
     assert (g["cause"], g["host_call"]) == ("host_compute", "nanovllm/layers/attention.py(363): attention_cpu")
     assert g["host_stack"][-3:] == ["_device.py(99): __torch_function__", "aten::matmul", "aten::bmm"]
     assert r["headline"]["text"].startswith("decode is host-bound: 0.927 ms per step in triton_heuristics.py(1103): run "
-                                            "(launch overhead), GPU idle 95%; waiting: launch overhead 46%, host computing 34%, "
+                                            "(launch overhead), the GPU waiting for the host 95% of the steps' 2.1 ms; waiting: "
+                                            "launch overhead 46%, host computing 34%, "
                                             "host blocked in a synchronizing call 20%")
     assert _sym(r, "S3-host-bound")["recommends"] == ["cuda_graphs", "fewer_kernels"]  # eager: graphs help the dispatch part
     assert _sym(r, "host-compute")["recommends"] == ["move_host_work"]
@@ -389,8 +390,8 @@ def test_hta_fragment_cold_first_launch_is_setup_not_launch():
     r = _run(shared_trace("hta/trace_file_list/inference_rank_1.json.gz"))
     by = _phase(r, "all")["idle_by_cause_ms"]
     assert by == pytest.approx({"first_call_setup": 1.45, "host_unknown": 0.132, "launch": 0.017}, **FLOAT)
-    assert r["headline"]["text"] == ("cold first calls: 1.45 ms of the 1.63 ms window in first-call setup (cudaLaunchKernel): "
-                                     "warm up before profiling")
+    assert r["headline"]["text"] == ("cold first calls: 1.45 ms in first-call setup (89% of the 1.6 ms GPU window; most in "
+                                     "cudaLaunchKernel): warm up before profiling")
     assert "cuda_graphs" not in _levers(r)
 
 

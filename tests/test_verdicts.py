@@ -404,10 +404,11 @@ def test_decode_gpu_0_headline_is_the_host_with_its_split():
     assert h["rule_id"] == "S3-host-bound"
     # expert §6: the idle is per-region dispatch (CUDA graphs help) and CPU attention plus syncs
     # (they don't): 0.927 / 0.693 / 0.403 ms of the 2.024 ms idle (tests/test_host_causes.py)
+    # the host's waits 2.023194 ms of the decode step's own 2.138840 ms (no lead-in: the window)
     assert h["text"] == ("decode is host-bound: 0.927 ms per step in triton_heuristics.py(1103): run (launch overhead), "
-                         "GPU idle 95%; waiting: launch overhead 46%, host computing 34%, host blocked in a "
-                         "synchronizing call 20%")
-    assert (h["share"], h["share_of"]) == (pytest.approx(2.023194 / window_ms, abs=1e-6), "phase_window")
+                         "the GPU waiting for the host 95% of the steps' 2.1 ms; waiting: launch overhead 46%, host "
+                         "computing 34%, host blocked in a synchronizing call 20%")
+    assert (h["share"], h["share_of"]) == (pytest.approx(2.023194 / window_ms, abs=1e-6), "step_span")
     assert h["caveat"] == "the window holds part of a forward: TPOT, MBU and the bound ratio cannot be read from it"
     assert d["launch_gap_share"] == pytest.approx(0.926753 / window_ms, abs=NS)
     assert "cuda_graphs" in _symptom(r, "S3-launch-gaps")["recommends"]

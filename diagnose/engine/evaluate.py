@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from diagnose.engine.condition import eval_condition, eval_expression, mangle
-from diagnose.engine.rule import SHARE_FIELD, Number, Rule, apply_overrides, render_template, share_text
+from diagnose.engine.rule import (SHARE_DENOMINATORS, SHARE_FIELD, Number, Rule, apply_overrides, render_template,
+                                  share_fallback, share_text)
 from diagnose.vocab import LEVERS, QUALITY_CODES, SEVERITY_RANK, STEP_PHASES
 
 
@@ -291,13 +292,24 @@ def _entry(r: Rule, head: dict[str, Any], vals: dict[str, Any], findings: Mappin
     return entry
 
 
+def _share_finding(r: Rule, findings: Mapping[str, Any]) -> str | None:
+    """The finding a rule's share is of: its ``share_of``, or, when that is null, its
+    fallback (:func:`~diagnose.engine.rule.share_fallback`: a phase without steps -> its own
+    GPU window); None without ``share_of``."""
+    if not r.share_of:
+        return None
+    fb = share_fallback(r.share_of)
+    return fb if fb and _clean(findings.get(r.share_of)) is None else r.share_of
+
+
 def _left_out_ms(r: Rule, findings: Mapping[str, Any]) -> float | None:
     """Idle time with an external cause that a phase's own window leaves out, when the rule's
     share is of that window and it is at least 1 % of the whole window (else None)."""
-    if not r.share_of.endswith(".own_window_ms"):
+    of = _share_finding(r, findings) or ""
+    if not of.endswith(".own_window_ms"):
         return None
-    phase = r.share_of.rpartition(".")[0]
-    whole, own = _clean(findings.get(f"{phase}.window_ms")), _clean(findings.get(r.share_of))
+    phase = of.rpartition(".")[0]
+    whole, own = _clean(findings.get(f"{phase}.window_ms")), _clean(findings.get(of))
     if whole is None or own is None or whole - own < 0.01 * whole:
         return None
     return whole - own
@@ -327,10 +339,11 @@ def _rank_time(entry: dict[str, Any], r: Rule, ev_findings: Mapping[str, Any], f
                 entry["stake_share"] = round(min(stake / window, 1.0), 6)
                 entry["stake_share_of"] = window_of
                 entry["severity"] = severity_for_share(stake / window)
-            base = _clean(findings.get(r.share_of)) if r.share_of else None
+            of = _share_finding(r, findings)
+            base = _clean(findings.get(of)) if of else None
             if base:
                 entry["share"] = round(min(stake / base, 1.0), 6)
-                entry["share_of"] = r.share_denominator
+                entry["share_of"] = SHARE_DENOMINATORS[of.rpartition(".")[2]]
                 entry["share_base_ms"] = round(base, 6)
     saving = savings(r) if savings is not None and r.whatif else None
     if saving is not None:

@@ -43,8 +43,19 @@ BASIS_KINDS = ("article", "hardware", "publication", "definition")
 
 #: What a rule's ``share_of`` finding is a share of: the finding's last segment -> the
 #: denominator's name in the JSON report (``headline.share_of``, ``symptoms[].share_of``).
-SHARE_DENOMINATORS = {"own_window_ms": "phase_window", "gpu_busy_ms": "busy_union", "kernel_busy_ms": "kernel_time",
-                      "own_ms": "step_span"}
+#: ``window_ms`` is the whole GPU window (for a share of time with an external cause, which the
+#: own window leaves out); ``<phase>.own_ms`` of a phase without steps (the ``all`` row of a
+#: trace without steps) falls back to that phase's own GPU window (:func:`share_finding`), as
+#: the phase's cause rows do.
+SHARE_DENOMINATORS = {"own_window_ms": "phase_window", "window_ms": "phase_window", "gpu_busy_ms": "busy_union",
+                      "kernel_busy_ms": "kernel_time", "own_ms": "step_span"}
+
+
+def share_fallback(share_of: str) -> str | None:
+    """The finding a ``share_of`` falls back to when it is null: a phase's own time
+    (``<phase>.own_ms``, null without steps) -> the phase's own GPU window; else None."""
+    phase, _, last = share_of.rpartition(".")
+    return f"{phase}.own_window_ms" if last == "own_ms" and phase != "steps" else None
 
 
 @dataclass(frozen=True)
@@ -258,9 +269,10 @@ def rule_from_dict(data: Any, where: str, expected_id: str | None = None, valida
         raise RuleError(f"{where}: stake_ms and share_of go together (the time at stake and what it is a share of)")
     if share_of and share_of.rpartition(".")[2] not in SHARE_DENOMINATORS:
         raise RuleError(f"{where}: share_of {share_of!r} is not a denominator finding "
-                        f"(<phase>.own_window_ms, <phase>.gpu_busy_ms, <phase>.kernel_busy_ms or steps.own_ms)")
-    if share_of and share_of not in requires:
-        evidence = evidence + ((share_of,) if share_of not in evidence else ())
+                        f"(<phase>.own_window_ms, <phase>.window_ms, <phase>.gpu_busy_ms, <phase>.kernel_busy_ms, <phase>.own_ms or steps.own_ms)")
+    for f in (share_of, share_fallback(share_of) if share_of else None):
+        if f and f not in requires and f not in evidence:
+            evidence = evidence + (f,)
     allowed = set(requires) | set(evidence) | set(thresholds) | set(labels)
     _check_template(data["summary"], allowed, where)
     if headline:
