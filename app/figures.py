@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -25,7 +26,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from diagnose.report import fmt
-from diagnose.vocab import LEVERS, SEVERITY_COLORS
+from diagnose.vocab import LEVERS, SEVERITY_COLORS, STEP_PHASES
 
 from diagnose.app.timeline import (  # noqa: F401  (re-exported: the figure builders live here)
     CATEGORY_COLORS,
@@ -206,8 +207,10 @@ def kernels_table_data(report: Mapping, activities: pd.DataFrame | None = None, 
     """Rows for the top-kernels grid: one per (device, phase, kernel name).
 
     With ``activities`` every kernel is listed (grouped by name, phases as assigned by the
-    analysis; ``phase`` "all" = the whole device), sorted by total time, at most ``limit``
-    rows. Without it, the report's ``top_kernels`` (10 per phase) are used.
+    analysis; ``phase`` "all" = the whole device, left out when every kernel of the device is
+    in one step phase: each kernel once per phase), sorted by total time, at most ``limit``
+    rows. Without it, the report's ``top_kernels`` (10 per phase; "all" left out when it lists
+    the same kernels as a step phase of the device) are used.
 
     Returns:
         Dicts with device, phase, name, category, count, total_ms, mean_us, share (of the
@@ -221,8 +224,11 @@ def kernels_table_data(report: Mapping, activities: pd.DataFrame | None = None, 
             base = pd.DataFrame({"device": k["device"].to_numpy(), "phase": k["phase"].to_numpy(dtype=object) if "phase" in k else "unknown",
                                  "name": k["name"].to_numpy(dtype=object), "category": k["category"].to_numpy(dtype=object),
                                  "dur": dur})
-            frames = [base.assign(phase="all"), base[base["phase"] != "unknown"]]
-            both = pd.concat(frames, ignore_index=True)
+            both = pd.concat([base.assign(phase="all"), base[base["phase"] != "unknown"]], ignore_index=True)
+            # Each kernel once per phase: a device whose kernels all belong to one step phase
+            # lists that phase, not the same kernels again as "all".
+            one = base.groupby("device")["phase"].agg(lambda p: p.nunique() == 1 and p.iloc[0] != "unknown")
+            both = both[~((both["phase"] == "all") & both["device"].map(one).to_numpy(dtype=bool))]
             agg = both.groupby(["device", "phase", "name"], sort=False).agg(
                 category=("category", "first"), count=("dur", "size"), total=("dur", "sum")).reset_index()
             tot = agg.groupby(["device", "phase"])["total"].transform("sum")
@@ -237,7 +243,12 @@ def kernels_table_data(report: Mapping, activities: pd.DataFrame | None = None, 
                     "share": None if pd.isna(r.share) else round(float(r.share), 6),
                 })
             return rows
-    for p in report.get("phases") or []:
+    phases = report.get("phases") or []
+    tops = {(p.get("device"), p.get("name")): [(t.get("name"), t.get("count")) for t in p.get("top_kernels") or []] for p in phases}
+    for p in phases:
+        if p.get("name") == "all" and any(d == p.get("device") and ph != "all" and v == tops[(d, "all")]
+                                          for (d, ph), v in tops.items()):
+            continue  # the same kernels as a step phase of the device: listed once, under that phase
         for t in p.get("top_kernels") or []:
             cnt = t.get("count") or 0
             tot = _num(t.get("total_ms"))
@@ -596,10 +607,71 @@ def _evidence_pairs(evidence: Any) -> tuple[list[dict], list[tuple[str, str]]]:
 
 
 def _short(v: Any) -> str:
+    """A value as people read it: floats formatted, whole floats as integers, a mapping as
+    ``key: value`` pairs and a list comma-separated (never a Python repr)."""
     if isinstance(v, float):
-        return fmt_value(v)
-    s = str(v)
+        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else fmt_value(v)
+    if isinstance(v, Mapping):
+        s = "; ".join(f"{finding_label(str(k))}: {_short(x)}" for k, x in v.items())
+    elif isinstance(v, (list, tuple)):
+        s = ", ".join(_short(x) for x in v)
+    else:
+        s = str(v)
     return s if len(s) <= 200 else s[:197] + "..."
+
+
+#: How a finding's phase prefix reads on a card (``main``: the main step phase, named when known).
+_PHASE_WORDS = {"all": "whole trace", "prefill": "prefill steps", "decode": "decode steps", "mixed": "mixed steps",
+                "unknown": "outside the steps"}
+
+
+@lru_cache(maxsize=1)
+def _finding_patterns() -> list[tuple[re.Pattern, Any]]:
+    from diagnose.catalog import _pattern_to_regex, catalog
+
+    out = []
+    for f in catalog():
+        rx = _pattern_to_regex(f.name)
+        for ph in ("<category>", "<cause>", "<kind>"):  # the matched part names what the description calls it
+            if ph in f.name:
+                rx = _pattern_to_regex(f.name.replace(ph, "@@")).replace("@@", "(?P<part>[a-z_]+)")
+        out.append((re.compile(rf"^{rx}$"), f))
+    return out
+
+
+def _short_description(desc: str, part: str | None) -> str:
+    d = re.split(r" \(|, for |; | = ", desc, maxsplit=1)[0].strip()
+    if part:
+        d = re.sub(r"\b(category|cause|kind)\b", part.replace("_", " "), d, count=1)
+    return d
+
+
+@lru_cache(maxsize=512)
+def finding_label(name: str, main_phase: str | None = None) -> str:
+    """A finding as people read it, from the findings catalog's description: ``main.moe_share``
+    -> ``moe kernel time / kernel time (decode steps)`` when the main phase is decode. A name
+    the catalog lacks comes back with its dots and underscores as spaces."""
+    for rx, f in _finding_patterns():
+        m = rx.match(name)
+        if m:
+            head, _, rest = name.partition(".")
+            metric = {k: label for k, label, *_ in _PHASE_ROWS}  # the phase table's words where it has the number
+            desc = metric[rest] if f.name.startswith("<phase>.") and rest in metric else \
+                _short_description(f.description, m.groupdict().get("part"))
+            if f.name.startswith("<phase>."):
+                where = (f"{main_phase} steps" if main_phase in STEP_PHASES else "main step phase") if head == "main" \
+                    else _PHASE_WORDS.get(head, head)
+                return f"{desc} ({where})"
+            return desc
+    return name.replace(".", " ").replace("_", " ")
+
+
+def _threshold_words(name: str, value_text: str, unit: str) -> str:
+    """``min_share`` 50.0 % "fraction of kernel time" -> ``at least 50.0 % of kernel time``."""
+    bound = "at least" if name.startswith("min_") else "at most" if name.startswith("max_") else \
+        name.replace("_", " ") + ":"
+    u = re.sub(r"^(fraction|share)\b\s*", "", unit) if value_text.endswith("%") else unit
+    return " ".join(x for x in (bound, value_text, u) if x)
 
 
 def symptom_cards_data(report: Mapping) -> list[dict]:
@@ -608,7 +680,9 @@ def symptom_cards_data(report: Mapping) -> list[dict]:
     Keys: id, symptom, title, severity, color, summary, phase, findings [(name, text)] and
     thresholds [(name, value text, unit, rationale)] (the rule engine's ``evidence``
     {findings, thresholds}), pairs (flat measured-vs-threshold evidence), evidence (other
-    items), likely_cause, how_to_verify, fix, references.
+    items), likely_cause, how_to_verify, fix, references; for people: ``measured`` [{text,
+    key, why}] (findings by their catalog label, thresholds in words) and ``change`` (the one
+    "what to change" list: the rule's fix, or the levers kept when one is already in place).
     """
     cards = []
     for s in sorted_symptoms(report):
@@ -619,24 +693,34 @@ def symptom_cards_data(report: Mapping) -> list[dict]:
         if isinstance(ev, Mapping) and ("findings" in ev or "thresholds" in ev):
             findings = [(str(k), _finding_text(str(k), v)) for k, v in (ev.get("findings") or {}).items()]
             thresholds = [(str(k), *_threshold_text(t)) for k, t in (ev.get("thresholds") or {}).items()]
-            rest = {k: v for k, v in ev.items() if k not in ("findings", "thresholds")}
+            rest = {k: v for k, v in ev.items() if k not in ("findings", "thresholds", "labels")}
             pairs, other = _evidence_pairs(rest) if rest else ([], [])
+            lab = ev.get("labels")
+            other = ([(finding_label(str(k)), _short(v)) for k, v in lab.items()] if isinstance(lab, Mapping) else []) + other
         else:
             pairs, other = _evidence_pairs(ev)
+        main_phase = (ev.get("labels") or {}).get("trace.main_phase") if isinstance(ev, Mapping) else None
+        measured = [{"text": f"{finding_label(k, main_phase)}: {v}", "key": k, "why": ""} for k, v in findings]
+        measured += [{"text": "threshold: " + _threshold_words(k, v, u), "key": k, "why": why} for k, v, u, why in thresholds]
+        in_place = [str(x) for x in s.get("already_in_place") or []]
+        levers = [LEVERS[r].text for r in s.get("recommends") or [] if r in LEVERS]
+        # One "what to change" section: the rule's own advice, or (when the engine rewrote it
+        # because a lever is already in place) the levers it kept.
+        change = levers if in_place or not s.get("fix") else [str(s.get("fix"))]
         cards.append({
+            "measured": measured, "change": change,
             "id": str(s.get("id") or s.get("symptom") or f"symptom{len(cards)}"),
             "symptom": s.get("symptom") or "", "title": s.get("title") or "", "severity": sev,
             "color": SEVERITY_COLORS.get(sev, SEVERITY_COLORS["unknown"]),
             "summary": s.get("summary") or "", "phase": s.get("phase") or "",
             "findings": findings, "thresholds": thresholds,
-            "pairs": [{**p, "measured_text": fmt_value(p["measured"], p["unit"] if p["unit"] in ("share", "x") else ""),
+            "pairs": [{**p, "label": finding_label(str(p["name"]), main_phase), "measured_text": fmt_value(p["measured"], p["unit"] if p["unit"] in ("share", "x") else ""),
                        "threshold_text": fmt_value(p["threshold"], p["unit"] if p["unit"] in ("share", "x") else "")}
                       for p in pairs],
             "evidence": other,
             "likely_cause": s.get("likely_cause") or "", "how_to_verify": s.get("how_to_verify") or "",
             "fix": s.get("fix") or "", "references": [str(x) for x in s.get("references") or []],
-            "levers": [LEVERS[r].text for r in s.get("recommends") or [] if r in LEVERS],
-            "in_place": [str(x) for x in s.get("already_in_place") or []],
+            "levers": levers, "in_place": in_place,
         })
     return cards
 

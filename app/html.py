@@ -59,16 +59,16 @@ def _fig(fig: go.Figure, div_id: str) -> str:
 
 
 def render_html(report: Mapping, activities=None, *, title: str | None = None, max_points: int = 20000, host=None,
-                host_index=None, path=None) -> str:
+                host_index=None, path=None, t0_ns: int | None = None) -> str:
     """The whole report as one HTML document (string), from the Jinja2 template
-    ``app/templates/report.html.j2`` (autoescaped: names from the trace are text, never markup)."""
+    ``app/templates/report.html.j2`` (autoescaped: names from the trace are text, never markup).
+    ``t0_ns``: the trace start (``Analysis.t0_ns``), the timeline's origin as of every ``start_ms``."""
     src = report.get("source") or {}
     name = os.path.basename(str(src.get("path") or "trace"))
     cards = []
     for c in F.symptom_cards_data(report):
-        mvt = [{"text": f"measured {n} = {v}", "why": ""} for n, v in c["findings"]]
-        mvt += [{"text": f"threshold {n} = {v}" + (f" ({u})" if u else ""), "why": why} for n, v, u, why in c["thresholds"]]
-        mvt += [{"text": f"{p['name']}: {p['measured_text']} vs threshold {p['threshold_text']}", "why": ""} for p in c["pairs"]]
+        mvt = c["measured"] + [{"text": f"{p['label']}: {p['measured_text']} vs threshold {p['threshold_text']}", "why": ""}
+                               for p in c["pairs"]]
         cards.append({**c, "mvt": mvt, "safe_id": F.safe_id(c["id"]),
                       "head": " · ".join(x for x in (c["symptom"], c["title"]) if x) or c["id"]})
     phase_tables = []
@@ -114,7 +114,7 @@ def render_html(report: Mapping, activities=None, *, title: str | None = None, m
         not_evaluated=F.not_evaluated_data(report),
         not_evaluated_none="none reported" if report.get("not_evaluated") is not None else "not available",
         phase_tables=phase_tables,
-        timeline=_fig(timeline_figure(prepare_timeline(activities, dict(report), host, host_index, path), max_points=max_points),
+        timeline=_fig(timeline_figure(prepare_timeline(activities, dict(report), host, host_index, path, t0_ns=t0_ns), max_points=max_points),
                       "timeline-graph")
         if activities is not None else None,
         categories=_fig(F.categories_figure(report), "categories-graph"),
@@ -157,7 +157,8 @@ def write_html(analysis_or_report: Any, path: str | os.PathLike, *, title: str |
         from diagnose.app.pathlane import path_lane
 
         lane = path_lane(getattr(analysis_or_report, "paths", None))
-    text = render_html(report, acts, title=title, max_points=max_points, host=host, host_index=hx, path=lane)
+    text = render_html(report, acts, title=title, max_points=max_points, host=host, host_index=hx, path=lane,
+                       t0_ns=None if acts is None else getattr(analysis_or_report, "t0_ns", None))
     p = Path(path)
     p.write_text(text, encoding="utf-8")
     return p

@@ -111,13 +111,15 @@ class TraceEntry:
     host: pd.DataFrame | None = None
     host_index: Any = None
     path_lane: Any = None  # the critical-path lane (diagnose.app.pathlane.path_lane)
+    t0_ns: int | None = None  # the trace start (Analysis.t0_ns): the timeline's origin, as the report's start_ms
     _timeline: TimelineData | None = field(default=None, repr=False)
     _kernels: list | None = field(default=None, repr=False)
 
     @property
     def timeline(self) -> TimelineData:
         if self._timeline is None:
-            self._timeline = prepare_timeline(self.activities, self.report, self.host, self.host_index, self.path_lane)
+            self._timeline = prepare_timeline(self.activities, self.report, self.host, self.host_index, self.path_lane,
+                                              t0_ns=self.t0_ns)
         return self._timeline
 
     @property
@@ -193,7 +195,7 @@ def build_state(paths: Sequence[str], analyses: Sequence | None = None, *, verdi
     entries = []
     for i, (p, a) in enumerate(zip(paths, analyses)):
         label = names[i] if names.count(names[i]) == 1 else f"{names[i]} [{i + 1}]"
-        hx = lane = None
+        hx = lane = t0 = None
         if isinstance(a, Mapping):
             report, acts, host = dict(a), None, None
         else:
@@ -207,10 +209,11 @@ def build_state(paths: Sequence[str], analyses: Sequence | None = None, *, verdi
             host = host_lane(getattr(a, "trace", None), report)
             hx = getattr(a, "host_index", None)
             lane = path_lane(getattr(a, "paths", None))
+            t0 = getattr(a, "t0_ns", None)
         if verdicts:
             ensure_verdicts(report, ruleset)
         entries.append(TraceEntry(key=str(i), label=label, path=p, report=report, activities=acts, host=host, host_index=hx,
-                                  path_lane=lane))
+                                  path_lane=lane, t0_ns=t0))
     if not entries:
         raise ValueError("create_app needs at least one trace")
     return AppState(entries, ruleset)
@@ -278,27 +281,27 @@ def overview_page(entry: TraceEntry) -> html.Div:
 
 
 def symptom_card(c: dict) -> html.Div:
-    """One fired symptom: measured vs threshold, likely cause, how to verify, fix."""
+    """One fired symptom, for people: findings by their labels, thresholds in words, evidence,
+    likely cause, how to verify and one "what to change" section (:func:`figures.symptom_cards_data`)."""
     head = " · ".join(x for x in (c["symptom"], c["title"]) if x) or c["id"]
     body: list[Any] = [html.H3([html.Span(c["severity"].upper(), className="dg-sev", style={"background": c["color"]}), head]),
                        html.P(c["summary"])]
     dl: list[Any] = []
-    mvt: list[Any] = []
-    mvt += [html.Li(f"measured {n} = {v}") for n, v in c["findings"]]
-    mvt += [html.Li([f"threshold {n} = {v}" + (f" ({u})" if u else ""), html.Span(why, className="dg-why") if why else ""])
-            for n, v, u, why in c["thresholds"]]
-    mvt += [html.Li(f"{p['name']}: {p['measured_text']} vs threshold {p['threshold_text']}") for p in c["pairs"]]
+    mvt: list[Any] = [html.Li([m["text"], html.Span(m["why"], className="dg-why") if m["why"] else ""], title=m["key"])
+                      for m in c["measured"]]
+    mvt += [html.Li(f"{p['label']}: {p['measured_text']} vs threshold {p['threshold_text']}") for p in c["pairs"]]
     if mvt:
         dl += [html.Dt("Measured vs threshold"), html.Dd(html.Ul(mvt))]
     if c["evidence"]:
         dl += [html.Dt("Evidence"), html.Dd(html.Ul([html.Li(f"{k}: {v}") for k, v in c["evidence"]]))]
-    if c["levers"]:
-        dl += [html.Dt("What to change"), html.Dd(html.Ul([html.Li(x) for x in c["levers"]], className="dg-levers"))]
-    if c["in_place"]:
-        dl += [html.Dt("Already in place"), html.Dd("; ".join(c["in_place"]), className="dg-muted")]
-    for key, label in (("likely_cause", "Likely cause"), ("how_to_verify", "How to verify"), ("fix", "Fix")):
+    for key, label in (("likely_cause", "Likely cause"), ("how_to_verify", "How to verify")):
         if c[key]:
             dl += [html.Dt(label), html.Dd(c[key])]
+    if c["change"] or c["in_place"]:
+        dl += [html.Dt("What to change"),
+               html.Dd([html.Ul([html.Li(x) for x in c["change"]], className="dg-levers")]
+                       + ([html.Div("Already in place: " + "; ".join(c["in_place"]), className="dg-muted")]
+                          if c["in_place"] else []))]
     if c["references"]:
         dl += [html.Dt("References"), html.Dd(", ".join(c["references"]), className="dg-muted")]
     body.append(html.Dl(dl))

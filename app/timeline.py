@@ -18,8 +18,9 @@ Gaps and their causes are the analyzer's (:mod:`diagnose.analyzers.waits`: one b
 interval of a device, all streams merged), each drawn in its cause's colour from the cause
 table (``diagnose/data/causes.yaml``), the colour every other view uses.
 
-Time axis: milliseconds since the first GPU activity of the trace (``t0_ns`` in
-``fig.layout.meta``).
+Time axis: milliseconds from the trace start (``t0_ns`` in ``fig.layout.meta``): the origin of
+the JSON report's ``start_ms`` and of ``--window``, so a gap of the overview's table sits at the
+same time here (:data:`TIME_AXIS_TITLE`).
 """
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ MAX_SHADED_STEPS = 40
 MAX_STEP_MARKERS = 500
 ROW_PX = 30
 LINE_PX = 16
+#: The x axis of every time plot: the report's origin (``Analysis.t0_ns``, the earliest event).
+TIME_AXIS_TITLE = "ms from trace start"
 
 
 def category_color(name: str) -> str:
@@ -57,7 +60,8 @@ class TimelineData:
     Times are int64 ns relative to ``t0_ns``. Activity arrays are sorted by (row, start).
 
     Attributes:
-        t0_ns: absolute time of the first GPU activity (ns).
+        t0_ns: absolute time of the trace start (ns): ``Analysis.t0_ns``, the origin of
+            every ``start_ms`` of the report and of ``--window``.
         rows: y-axis labels, row 0 = phases/steps, then per device its streams and an
             "idle" row.
         act_row, act_start, act_end, act_cat: per activity; ``act_cat`` indexes ``categories``.
@@ -165,7 +169,7 @@ def host_lane(trace: Any, report: dict | None) -> pd.DataFrame:
 
 
 def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None, host: pd.DataFrame | None = None,
-                     host_index: Any = None, path: pd.DataFrame | None = None) -> TimelineData:
+                     host_index: Any = None, path: pd.DataFrame | None = None, t0_ns: int | None = None) -> TimelineData:
     """Sort activities per stream, compute idle gaps per device and step bands.
 
     Args:
@@ -178,6 +182,9 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
             drawn gap causes are the report's; None: causes from launch times only.
         path: the critical-path lane (:func:`diagnose.app.pathlane.path_lane`): drawn on a
             "critical path" row, its longest segments highlighted.
+        t0_ns: the trace start (``Analysis.t0_ns``), the origin of the time axis as of every
+            ``start_ms`` of the report; None: the earliest activity, step or host-lane event
+            given (the trace start when those hold the earliest event).
 
     Returns:
         A :class:`TimelineData` to pass to :func:`timeline_figure` (any number of times).
@@ -191,7 +198,12 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
         t0_candidates.append(int(acts["start_ns"].min()))
     if step_rows:
         t0_candidates.append(min(int(s["gpu_start_ns"]) for s in step_rows))
-    t0 = min(t0_candidates) if t0_candidates else 0
+    if host is not None and len(host):
+        t0_candidates.append(int(host["start_ns"].min()))
+    if t0_ns is not None:
+        t0 = int(t0_ns)
+    else:
+        t0 = min(t0_candidates) if t0_candidates else 0
 
     rows = ["steps / phases"]
     host_row = None
@@ -480,7 +492,7 @@ def timeline_figure(
         report: the report dict (for step bands); ignored when ``activities`` is prepared.
         max_points: most drawn elements (segments + step markers) in the figure; above it
             the visible activities are merged into pixel-sized busy blocks.
-        x_range: visible [start, end] in ms since ``t0`` (from a zoom); None = whole trace.
+        x_range: visible [start, end] in ms from the trace start (from a zoom); None = whole trace.
 
     Returns:
         A figure; ``fig.layout.meta`` holds ``mode`` ("detail", "aggregated" or "empty"),
@@ -551,7 +563,7 @@ def timeline_figure(
         title=dict(text=title, font=dict(size=14), y=0.98, yanchor="top"),
         height=max(300, 170 + ROW_PX * n_rows),
         margin=dict(l=150, r=20, t=90, b=50),
-        xaxis=dict(title="ms since first GPU activity", range=xr, showgrid=True, zeroline=False),
+        xaxis=dict(title=TIME_AXIS_TITLE, range=xr, showgrid=True, zeroline=False),
         yaxis=dict(tickvals=list(range(n_rows)), ticktext=td.rows, range=[n_rows - 0.5, -0.5],
                    fixedrange=True, showgrid=False, zeroline=False),
         legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0, font=dict(size=11)),

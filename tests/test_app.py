@@ -514,8 +514,12 @@ def test_kernels_table_from_activities(vllm):
     assert sum(x["share"] for x in dec) == pytest.approx(1.0, abs=1e-4)  # shares rounded to 1e-6
     top = r["phases"][1]["top_kernels"][0]
     assert dec[0]["name"] == top["name"] and dec[0]["total_ms"] == pytest.approx(top["total_ms"])
-    # Without activities: the report's top-10 lists.
-    assert len(F.kernels_table_data(r)) == sum(len(p["top_kernels"]) for p in r["phases"])
+    # Each kernel once per phase: every kernel of this trace is in a decode step, so no "all" copy.
+    assert {x["phase"] for x in rows} == {"decode"} and len(rows) == len({x["name"] for x in rows})
+    # Without activities: the report's top-10 lists, the "all" list (the same 10 kernels as decode's) once.
+    assert [p["name"] for p in r["phases"]] == ["all", "decode"]
+    assert [(p["name"], len(p["top_kernels"])) for p in r["phases"]] == [("all", 10), ("decode", 10)]
+    assert [(x["phase"], x["name"]) for x in F.kernels_table_data(r)] == [("decode", t["name"]) for t in r["phases"][1]["top_kernels"]]
 
 
 # -- KV budget -------------------------------------------------------------------------------------------
@@ -674,7 +678,7 @@ def test_pages_render_with_stable_ids(app_two):
     banner = _find(page, "overview-banner")
     assert "HIGH: 2 symptoms fired" in _text(banner)
     card = _find(page, "symptom-card-S3-launch-gaps")
-    assert "decode.launch_gap_share = 40.0 %" in _text(card) and "CUDA graph capture" in _text(card)
+    assert "launch-gap share of GPU window (decode steps): 40.0 %" in _text(card) and "CUDA graph capture" in _text(card)
     tiny_page = render_page(st, "/", "1")
     assert st.entries[1].report["symptoms"] == []  # the rule engine ran on the CPU-only sample: nothing fires
     assert "No symptom fired" in _text(_find(tiny_page, "overview-banner"))
@@ -694,9 +698,11 @@ def test_trace_keys_never_name_files(app_two):
 
 def test_timeline_zoom_callback(app_two):
     st = app_two.diagnose_state
-    fig = timeline_zoom(st, {"xaxis.range[0]": 0.0, "xaxis.range[1]": 1.0}, "0")
-    assert fig.layout.meta["mode"] == "detail"
-    assert 0 < fig.layout.meta["visible_activities"] < 434
+    # The axis counts from the trace start: the vLLM trace's first GPU activity is at 8.370878 ms.
+    assert timeline_zoom(st, {"xaxis.range[0]": 0.0, "xaxis.range[1]": 1.0}, "0").layout.meta["visible_activities"] == 0
+    fig = timeline_zoom(st, {"xaxis.range[0]": 8.0, "xaxis.range[1]": 9.0}, "0")
+    assert fig.layout.meta["mode"] == "detail" and fig.layout.xaxis.title.text == "ms from trace start"
+    assert fig.layout.meta["visible_activities"] == 40  # activities overlapping [8, 9) ms from the trace start
     full = timeline_zoom(st, {"xaxis.autorange": True}, "0")
     assert full.layout.meta["visible_activities"] == 434
     import dash
