@@ -851,8 +851,7 @@ def compare_view(cmp: Any) -> dict:
     elif fired:
         expl = " ".join(s["summary"] for s in fired)
     elif not cmp.comparable:
-        ne = next((n for n in cmp.verdicts.not_evaluated if n["id"] == "latency-regression"), {})
-        expl = "Not comparable: " + (ne.get("reason") or "no TTFT/TPOT number in both traces") + "."
+        expl = "Not comparable: " + (cmp.why_not_comparable or "no TTFT/TPOT number in both traces") + "."
     else:
         expl = "No TTFT/TPOT percentile regressed beyond the latency-regression rule's threshold."
     rows = []
@@ -866,12 +865,14 @@ def compare_view(cmp: Any) -> dict:
         if ch is None:
             text = NA
         elif r["kind"] == "ms":
-            text = f"x{ch:.3f} ({100 * (ch - 1):+.1f} %)"
+            text = f"x{ch:.3f} ({(100 * (ch - 1) if abs(ch - 1) >= 0.0005 else 0.0):+.1f} %)"
         else:
             text = fmt.pp(ch)
         neutral = 1.0 if r["kind"] == "ms" else 0.0
         higher_better = r["finding"].endswith((".mfu", ".mbu"))
-        worse = None if ch is None else (ch < neutral if higher_better else ch > neutral)
+        # No change as shown (x1.000, +0.0 pp) is neither worse nor better: no colour.
+        same = ch is not None and abs(ch - neutral) < 0.0005
+        worse = None if ch is None or same else (ch < neutral if higher_better else ch > neutral)
         devs = f" [devices {r['devices'][0]}:{r['devices'][1]}]" if several and r.get("devices") else ""
         rows.append({"metric": r["name"] + devs, "finding": r["finding"], "a_text": fmt_value(a, unit), "b_text": fmt_value(b, unit),
                      "change_text": text, "worse": worse})

@@ -175,6 +175,25 @@ def load_analyses(paths: Sequence[str], *, analyze: Callable | None = None, opti
     return out
 
 
+def distinct_labels(paths: Sequence[str]) -> list[str]:
+    """A label per path that tells the files apart: the file name, with as many of its folders
+    as it takes to differ from every other path (``vllm_decode_full/graph_execution.json.gz``
+    vs ``vllm_eager/graph_execution.json.gz``); the same file given twice gets ``(2nd)``..."""
+    parts = [[x for x in os.path.normpath(os.path.abspath(p)).split(os.sep) if x] or [p] for p in paths]
+    out = []
+    for i, pi in enumerate(parts):
+        n = 1
+        while n < len(pi) and any(j != i and pj[-n:] == pi[-n:] and pj != pi for j, pj in enumerate(parts)):
+            n += 1
+        label = "/".join(pi[-n:])
+        same = [j for j, pj in enumerate(parts) if pj == pi]
+        if len(same) > 1:
+            k = same.index(i) + 1
+            label += f" ({k}{'st' if k == 1 else 'nd' if k == 2 else 'rd' if k == 3 else 'th'})"
+        out.append(label)
+    return out
+
+
 def build_state(paths: Sequence[str], analyses: Sequence | None = None, *, verdicts: bool = True,
                 ruleset: Any = None, **load_kwargs) -> AppState:
     """Entries for ``paths``; ``analyses`` (Analysis objects or report dicts) skip the analysis.
@@ -191,10 +210,10 @@ def build_state(paths: Sequence[str], analyses: Sequence | None = None, *, verdi
         analyses = load_analyses(paths, **load_kwargs)
     if len(analyses) != len(paths):
         raise ValueError(f"{len(paths)} paths but {len(analyses)} analyses")
-    names = [os.path.basename(p) or p for p in paths]
+    names = distinct_labels(paths)
     entries = []
     for i, (p, a) in enumerate(zip(paths, analyses)):
-        label = names[i] if names.count(names[i]) == 1 else f"{names[i]} [{i + 1}]"
+        label = names[i]
         hx = lane = t0 = None
         if isinstance(a, Mapping):
             report, acts, host = dict(a), None, None

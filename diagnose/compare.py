@@ -157,6 +157,12 @@ class Comparison:
             return "not comparable"
         return "no regression"
 
+    @property
+    def why_not_comparable(self) -> str:
+        """Why the traces' latencies cannot be compared, in plain words
+        (:func:`latency_gap_reason`); empty when they can."""
+        return "" if self.comparable else latency_gap_reason(self.findings)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "verdict": self.verdict,
@@ -175,6 +181,44 @@ class Comparison:
             "warnings": self.warnings,
             "exit_code": self.exit_code,
         }
+
+
+_TTFT_KEYS = ("latency.ttft_ms", "latency.ttft_p50_ms", "latency.ttft_p90_ms", "latency.ttft_p99_ms")
+_TPOT_KEYS = ("latency.tpot_p50_ms", "latency.tpot_p90_ms", "latency.tpot_p99_ms")
+
+
+def latency_gap_reason(findings: Mapping[str, Any]) -> str:
+    """Why ``delta.worst_latency_ratio`` is missing, as a user reads it: which trace has no
+    prefill step (no TTFT) or no decode steps (no TPOT: it needs two consecutive decode
+    steps), e.g. "the baseline has no decode steps (no TPOT); the candidate has no prefill
+    step (no TTFT): no TTFT or TPOT is measured in both traces". Empty when a ratio exists.
+
+    ``findings``: :func:`compare_findings` (``baseline.*``, ``candidate.*``, ``delta.*``)."""
+    if findings.get("delta.worst_latency_ratio") is not None:
+        return ""
+
+    def has(side: str, keys: tuple[str, ...]) -> bool:
+        return any(findings.get(f"{side}.{k}") is not None for k in keys)
+
+    ttft = {s: has(s, _TTFT_KEYS) for s in ("baseline", "candidate")}
+    tpot = {s: has(s, _TPOT_KEYS) for s in ("baseline", "candidate")}
+    if (ttft["baseline"] and ttft["candidate"]) or (tpot["baseline"] and tpot["candidate"]):
+        return "the baseline's TTFT or TPOT is 0 ms: no ratio to the candidate can be formed"
+    parts = []
+    for side, other in (("baseline", "candidate"), ("candidate", "baseline")):
+        lack = []
+        if not tpot[side] and (tpot[other] or not ttft[side]):
+            n_dec = findings.get(f"{side}.steps.decode_count") or 0
+            lack.append("no decode steps (no TPOT)" if not n_dec else
+                        f"only {int(n_dec)} decode step (no TPOT: the interval between two consecutive decode steps)")
+        if not ttft[side] and (ttft[other] or not tpot[side]):
+            lack.append("no prefill step (no TTFT)")
+        if lack:
+            parts.append(f"the {side} has " + " and ".join(lack))
+    if not any(ttft.values()) and not any(tpot.values()) and not any(
+            findings.get(f"{x}.steps.decode_count") for x in ("baseline", "candidate")):
+        return "neither trace has a prefill or decode step: no TTFT or TPOT to compare"
+    return "; ".join(parts) + ": no TTFT or TPOT is measured in both traces"
 
 
 def compare_reports(baseline: Report | Mapping[str, Any], candidate: Report | Mapping[str, Any], ruleset: RuleSet,
@@ -308,10 +352,17 @@ def like_for_like_warnings(reports: Sequence[Report | Mapping[str, Any]], labels
     for k in keys:
         vals = [s[k] for s in setups]
         known = [v for v in vals if v is not None]
-        if len(set(map(str, known))) > 1:
-            shown = ", ".join(f"{lab} {v[0] if isinstance(v, tuple) else v}" for lab, v in zip(labels, vals) if v is not None)
+        if len(set(map(_plain, known))) > 1:
+            shown = ", ".join(f"{lab} {_plain(v[0] if isinstance(v, tuple) else v)}" for lab, v in zip(labels, vals) if v is not None)
             out.append(f"the traces differ in {k} ({shown}): the comparison may not be like for like")
     return out
+
+
+def _plain(v: Any) -> str:
+    """A setting as people write it: a whole float as an integer (batch 2, not 2.0)."""
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
 
 
 def unreliable_reasons(report: Report | Mapping[str, Any]) -> list[str]:

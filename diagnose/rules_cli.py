@@ -185,9 +185,9 @@ def _gate(trace_path, phases, max_launch_gap_share, max_idle_share, fail_on, all
 def _change_text(kind: str, v: float | None) -> str:
     if v is None:
         return "—"
-    if kind == "ms":
-        return f"x{v:.3f} ({100 * (v - 1):+.1f} %)"
-    return f"{100 * v:+.1f} pp"
+    if kind == "ms":  # no change as shown reads +0.0, never -0.0
+        return f"x{v:.3f} ({(100 * (v - 1) if abs(v - 1) >= 0.0005 else 0.0):+.1f} %)"
+    return numfmt.pp(v)
 
 
 @click.command("compare")
@@ -277,8 +277,7 @@ def compare_command(baseline_path, candidate_path, fmt, fail_on, metrics_path, a
     elif cmp.failing:
         _echo("verdict: FAIL — " + ", ".join(s["id"] for s in cmp.failing))
     elif not cmp.comparable:
-        ne = next(n for n in cmp.verdicts.not_evaluated if n["id"] == "latency-regression")
-        why = ne.get("reason") or ", ".join(ne.get("missing", []))
+        why = cmp.why_not_comparable
         _echo(f"verdict: {'CANNOT COMPARE' if not allow_missing else 'not compared (--allow-missing)'} — {why}")
     else:
         _echo("verdict: no regression")

@@ -34,6 +34,8 @@ def pct(share: Any, nd: int = 1) -> str:
 def pp(change: Any) -> str:
     """A change of a share in percentage points, signed: 0.2 -> ``+20.0 pp``."""
     f = _finite(change)
+    if f is not None and round(100 * f, 1) == 0:
+        f = 0.0  # no change as shown: "+0.0 pp", never "-0.0 pp"
     return NA if f is None else f"{100 * f:+.1f} pp"
 
 
