@@ -102,6 +102,24 @@ def _device_name(report: Mapping, device: int | None) -> str:
     return ""
 
 
+def device_heading(report: Mapping, device: int | None) -> str:
+    """A device as the pages name it, with the part whose peaks MFU/MBU use (also after
+    ``--gpu`` for a device the trace leaves unnamed): "GPU 2: (unnamed in the trace; peaks of
+    MI300X)"; "CPU only (no GPU activity)" for None."""
+    from diagnose.hardware import describe_devices
+
+    if device is None:
+        return "CPU only (no GPU activity)"
+    devs = [d for d in report.get("devices") or [] if d.get("id") == device] or [{"id": device, "name": ""}]
+    return "GPU " + describe_devices(devs, report.get("gpu"))
+
+
+def peak_column(report: Mapping) -> str:
+    """The kernel table's "of peak" header, naming the part whose peaks it uses."""
+    name = (report.get("gpu") or {}).get("name")
+    return f"of {name} peak" if name and name != "custom" else "of peak"
+
+
 def _empty_figure(title: str, message: str, height: int = 320) -> go.Figure:
     fig = go.Figure()
     fig.update_layout(
@@ -762,6 +780,73 @@ REFERENCE_7B = {**{k: v for k, v in get_preset("ref7b").items() if k in (
     "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
     "intermediate_size", "vocab_size", "tie_word_embeddings")}, "_name_or_path": "reference 7B-like (docs/prefill-decode.md §2)"}
 DEFAULT_CONTEXTS = (2048, 8192, 32768, 131072)
+
+
+def kv_start(report: Mapping) -> dict:
+    """Where the KV page starts for a trace: the served model (its ``--model-config``: a shipped
+    name or a readable ``config.json``; else the reference 7B-like config), its KV dtype (the
+    report's, else the config's as ``diagnose bounds`` reads it, else fp16) and the memory of
+    the device whose peaks the report used (``gpus.yaml`` ``memory_gb``; else 80 GB).
+
+    Returns:
+        {preset, model_config, kv_dtype, memory_gb, text}: ``text`` says where each came from.
+    """
+    import os
+
+    from diagnose.accounting import shipped_model_configs
+    from diagnose.errors import DiagnoseError
+
+    model = report.get("model") or {}
+    src = str(model.get("source") or "")
+    preset, cfg_arg = "7b", ""
+    if src in shipped_model_configs():
+        preset = src
+    elif src and os.path.isfile(src):
+        preset, cfg_arg = "file", src
+    said = []
+    kv = model.get("kv_dtype") if model.get("kv_dtype") in _KV_DTYPES else None
+    if kv:
+        said.append(f"KV dtype {kv}: the trace's model")
+    elif preset != "7b":
+        from diagnose.accounting import ModelSpec
+        from diagnose.accounting.bounds import default_kv_dtype
+        from diagnose.accounting.spec import read_model_config
+
+        try:
+            cfg, name = read_model_config(cfg_arg or preset)
+            kv, how = default_kv_dtype(cfg, ModelSpec.from_hf_config(cfg, name=name))
+            said.append(f"KV dtype {kv}: {how}")
+        except (DiagnoseError, TypeError, ValueError):
+            kv = None
+    if not kv:
+        kv = "fp16"
+        said.append("KV dtype fp16: the trace names none")
+    if preset != "7b":
+        said.insert(0, f"model {model.get('name') or preset} (the trace's --model-config)")
+    elif model:
+        said.insert(0, f"the reference 7B-like config (the trace's model {model.get('name')} came from "
+                       f"{src or 'the trace'}, not a config file this page can read)")
+    else:
+        said.insert(0, "the reference 7B-like config (no model config with the trace: diagnose run --model-config)")
+    gpu = report.get("gpu") or {}
+    mem = None
+    if gpu.get("name") and gpu.get("name") != "custom":
+        from diagnose.hardware import gpu_by_name
+
+        try:
+            mem = gpu_by_name(str(gpu["name"])).memory_gb
+        except DiagnoseError:
+            mem = None
+    if mem:
+        said.append(f"device memory {mem:g} GB: {gpu['name']}, the device whose peaks the report used")
+    else:
+        mem = 80
+        said.append("device memory 80 GB: no device named (diagnose run --gpu NAME)")
+    return {"preset": preset, "model_config": cfg_arg, "kv_dtype": kv, "memory_gb": mem,
+            "text": "Starts from " + "; ".join(said) + "."}
+
+
+_KV_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 
 
 def kv_budget_data(

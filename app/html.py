@@ -86,7 +86,7 @@ def render_html(report: Mapping, activities=None, *, title: str | None = None, m
                          F.fmt_value(p.get("launch_gap_share"), "share"), f"{cnt.get('launch', 0)} / {F.fmt_value(ms.get('launch'), 'ms')}",
                          F.fmt_value(la.get("p50_us"), "µs"), F.fmt_value(la.get("p99_us"), "µs"),
                          f"{cnt.get('other', 0)} / {F.fmt_value(ms.get('other'), 'ms')}"])
-        phase_tables.append({"device": d, "heading": f"GPU {d}" if d is not None else "CPU only (no GPU activity)", "cols": cols,
+        phase_tables.append({"device": d, "heading": F.device_heading(report, d), "cols": cols,
                              "rows": rows, "tpot_definition": t.get("tpot_definition"), "gaps": gaps})
     waits = []
     for d in F.report_devices(report):
@@ -121,6 +121,7 @@ def render_html(report: Mapping, activities=None, *, title: str | None = None, m
         attention=[{**a, "ms_text": F.fmt_value(a["attention_ms"], "ms")} for a in F.attention_rows(report)],
         roofline=_fig(F.roofline_figure(report), "roofline-graph"),
         kernel_table=F.kernel_table_rows(report),
+        peak_column=F.peak_column(report),
         kernels=kern,
         quality=report.get("quality") or [],
     )

@@ -360,7 +360,7 @@ def phases_page(entry: TraceEntry) -> html.Div:
         for row in t["rows"]:
             body.append([row["metric"]] + [_cell(row["display"][c], row["reasons"][c]) for c in cols]
                         + [html.Td(F.expected_text(row, cols), className="dg-muted")])
-        parts.append(html.H3(f"GPU {d}" if d is not None else "CPU only (no GPU activity)"))
+        parts.append(html.H3(F.device_heading(r, d)))
         parts.append(_table(head, body, id=f"phases-table-{d}"))
         if t.get("tpot_definition"):
             parts.append(html.P(f"TPOT definition: {t['tpot_definition']}", className="dg-muted"))
@@ -439,7 +439,7 @@ def kernel_table_view(report: Mapping) -> Any:
     rows = F.kernel_table_rows(report)
     if not rows:
         return html.P("not available: the report has no kernel table", className="dg-muted", id="kernel-table")
-    return _table(["device", "phase", "op", "input dims", "kernel", "calls", "total", "share", "TFLOP/s", "TB/s", "of peak", "bound"],
+    return _table(["device", "phase", "op", "input dims", "kernel", "calls", "total", "share", "TFLOP/s", "TB/s", F.peak_column(report), "bound"],
                   [[r["device"], r["phase"], r["op"], r["input_dims"], r["kernel"], r["calls"], r["total"], r["share"], r["tflops"],
                     r["tbps"], r["peak"], r["bound"]] for r in rows], id="kernel-table")
 
@@ -451,8 +451,8 @@ def roofline_page(entry: TraceEntry) -> html.Div:
     if fig.layout.meta and fig.layout.meta.get("mode") == "empty":
         note = html.P(["Not available: ", fig.layout.meta["reason"].replace("<br>", " ")], className="dg-muted", id="roofline-note")
     else:
-        bits = [f"Peaks: {F.fmt_value(gpu.get('peak_tflops'))} TFLOP/s dense FP16/BF16, {F.fmt_value(gpu.get('peak_tbps'))} TB/s"]
-        if gpu.get("source"):
+        bits = [f"Peaks of {describe_peak(gpu)}"]
+        if gpu.get("source") and gpu.get("source") not in bits[0]:
             bits.append(f" (source: {gpu['source']})")
         note = html.P(bits, className="dg-muted", id="roofline-note")
     return html.Div([html.H2("Roofline"), note, _graph("roofline-graph", fig),
@@ -486,32 +486,38 @@ def _kv_presets() -> list[dict]:
 
 
 def kv_page(entry: TraceEntry) -> html.Div:
+    """The KV-cache calculator, starting from the trace's model, KV dtype and device
+    (:func:`figures.kv_start`)."""
     ref = F.REFERENCE_7B
+    start = F.kv_start(entry.report)
     rows = [html.Div([html.Label(label, htmlFor=f"kv-{key}"),
                       dcc.Input(id=f"kv-{key}", type="number", min=1, step=1, value=ref[key], debounce=True)])
             for key, label in _KV_FIELDS]
     rows.append(html.Div([html.Label("tie_word_embeddings"),
                           dcc.Checklist(id="kv-tie", options=[{"label": " tied", "value": "tied"}], value=[], inline=True)]))
     ctrl = [
-        html.Div([html.Label("model"), dcc.Dropdown(id="kv-preset", options=_kv_presets(), value="7b", clearable=False,
-                                                    style={"width": "26em", "display": "inline-block"})]),
+        html.Div([html.Label("model"), dcc.Dropdown(id="kv-preset", options=_kv_presets(), value=start["preset"],
+                                                    clearable=False, style={"width": "26em", "display": "inline-block"})]),
         html.Div([html.Label("config.json (path on this machine, or a shipped name)", htmlFor="kv-model-config"),
-                  dcc.Input(id="kv-model-config", type="text", value="", debounce=True, style={"width": "30em"})]),
+                  dcc.Input(id="kv-model-config", type="text", value=start["model_config"], debounce=True,
+                            style={"width": "30em"})]),
         *rows,
-        html.Div([html.Label("device memory (GB = 1e9 B)"), dcc.Input(id="kv-memory", type="number", min=0, value=80, debounce=True)]),
+        html.Div([html.Label("device memory (GB = 1e9 B)"), dcc.Input(id="kv-memory", type="number", min=0,
+                                                                      value=start["memory_gb"], debounce=True)]),
         html.Div([html.Label("overhead (GB)"), dcc.Input(id="kv-overhead", type="number", min=0, value=5, debounce=True)]),
         html.Div([html.Label("context lengths (tokens, comma separated; 8k ok)"),
                   dcc.Input(id="kv-contexts", type="text", value="2048, 8192, 32768, 131072", debounce=True)]),
-        html.Div([html.Label("KV dtype"), dcc.Dropdown(id="kv-dtype", options=_DTYPES, value="fp16", clearable=False,
+        html.Div([html.Label("KV dtype"), dcc.Dropdown(id="kv-dtype", options=_DTYPES, value=start["kv_dtype"], clearable=False,
                                                        style={"width": "10em", "display": "inline-block"})]),
         html.Div([html.Label("weight dtype"), dcc.Dropdown(id="kv-weight-dtype", options=_WEIGHT_DTYPES, value="auto",
                                                            clearable=False, style={"width": "10em", "display": "inline-block"})]),
     ]
     model = entry.report.get("model") or {}
-    info = []
+    info = [html.P(start["text"], className="dg-muted", id="kv-start")]
     if model.get("kv_bytes_per_token"):
+        kvd = model.get("kv_dtype") or "dtype not known from the trace"
         info.append(html.P(f"This trace's model ({model.get('name')}): {model['kv_bytes_per_token']:,} KV bytes per token "
-                           f"({model.get('kv_dtype')}), weights {F.fmt_value((model.get('weight_bytes') or 0) / 1e9, 'GB')}.",
+                           f"({kvd}), weights {F.fmt_value((model.get('weight_bytes') or 0) / 1e9, 'GB')}.",
                            className="dg-muted"))
     return html.Div([
         html.H2("KV-cache budget"),
@@ -522,8 +528,9 @@ def kv_page(entry: TraceEntry) -> html.Div:
                "weight dtype is chosen.", className="dg-muted"),
         *info,
         html.Div(ctrl, className="dg-form"),
-        html.Div(kv_output(kv_view("7b", "", *[ref[k] for k, _ in _KV_FIELDS], [], 80, 5, "2048, 8192, 32768, 131072",
-                                   "fp16", "auto")), id="kv-output"),
+        html.Div(kv_output(kv_view(start["preset"], start["model_config"], *[ref[k] for k, _ in _KV_FIELDS], [],
+                                   start["memory_gb"], 5, "2048, 8192, 32768, 131072", start["kv_dtype"], "auto")),
+                 id="kv-output"),
     ])
 
 

@@ -153,3 +153,35 @@ def test_labels_tell_files_of_the_same_name_apart():
         "vllm_decode_full/graph_execution.json.gz", "vllm_eager/graph_execution.json.gz", "tiny_cpu.json.gz"]
     assert distinct_labels(["/x/a/t.json", "/y/a/t.json"]) == ["x/a/t.json", "y/a/t.json"]
     assert distinct_labels(["/x/t.json", "/x/t.json"]) == ["t.json (1st)", "t.json (2nd)"]
+
+
+def test_kv_page_starts_from_the_traces_model_dtype_and_device():
+    """gpt-oss-20b (a shipped config, no torch_dtype) on an MI300X (192 GB in gpus.yaml)."""
+    from diagnose.app.server import kv_page
+
+    start = F.kv_start({"model": {"name": "gpt-oss-20b", "source": "gpt-oss-20b", "kv_dtype": None,
+                                  "kv_bytes_per_token": 49152, "weight_bytes": 1}, "gpu": {"name": "MI300X"}})
+    assert (start["preset"], start["model_config"], start["kv_dtype"], start["memory_gb"]) == ("gpt-oss-20b", "", "fp16", 192.0)
+    assert start["text"] == ("Starts from model gpt-oss-20b (the trace's --model-config); KV dtype fp16: default (the config "
+                             "names no dtype); device memory 192 GB: MI300X, the device whose peaks the report used.")
+    bf = F.kv_start({"model": {"name": "x", "source": "trace metadata", "kv_dtype": "bf16"}, "gpu": {"name": "H100-SXM"}})
+    assert (bf["preset"], bf["kv_dtype"], bf["memory_gb"]) == ("7b", "bf16", 80.0)
+    none = F.kv_start({})
+    assert (none["preset"], none["kv_dtype"], none["memory_gb"]) == ("7b", "fp16", 80)
+
+    class Entry:
+        report = {"model": {"name": "gpt-oss-20b", "source": "gpt-oss-20b", "kv_dtype": None, "kv_bytes_per_token": 49152,
+                            "weight_bytes": 13_000_000_000}, "gpu": {"name": "MI300X"}}
+    page = kv_page(Entry())
+    text = _text(page)
+    assert "(None)" not in text and "KV bytes per token (dtype not known from the trace)" in text
+    ids = {}
+
+    def walk(c):
+        if getattr(c, "id", None):
+            ids[c.id] = c
+        ch = getattr(c, "children", None)
+        for x in ch if isinstance(ch, (list, tuple)) else [ch] if ch is not None else []:
+            walk(x)
+    walk(page)
+    assert (ids["kv-preset"].value, ids["kv-dtype"].value, ids["kv-memory"].value) == ("gpt-oss-20b", "fp16", 192.0)
