@@ -32,7 +32,6 @@ from werkzeug.serving import make_server  # noqa: E402
 
 from diagnose.app.html import write_html  # noqa: E402
 from diagnose.app.server import create_app  # noqa: E402
-from diagnose.app.timeline import timeline_figure  # noqa: E402
 from diagnose.pipeline import attach_verdicts
 from diagnose.pipeline import run_analysis  # noqa: E402
 
@@ -111,13 +110,12 @@ def test_overview_timeline_roofline(driver, base_url, analyses):
     _wait_css(driver, _plot("timeline-graph"))
     _wait_text(driver, "#timeline-graph .gtitle", "434 activities")
     assert "active" in driver.find_element(By.ID, "nav-timeline").get_attribute("class")
-    # Zoom: the relayout callback re-renders the range [0, 1] ms in detail.
-    vllm = analyses[0]
-    want = timeline_figure(vllm.activities, vllm.to_dict(), x_range=[0.0, 1.0]).layout.meta["visible_activities"]
-    assert 0 < want < 434
+    # Zoom: the relayout callback re-renders the range [8, 9] ms from the trace start in detail
+    # (the first GPU activity is at 8.370878 ms: 40 activities overlap the range).
+    want = 40
     _wait_css(driver, "#timeline-graph .js-plotly-plot:not(.dash-graph--pending)")  # dcc.Graph finished mounting
     driver.execute_script(
-        "Plotly.relayout(document.querySelector('#timeline-graph .js-plotly-plot'), {'xaxis.range[0]': 0, 'xaxis.range[1]': 1});")
+        "Plotly.relayout(document.querySelector('#timeline-graph .js-plotly-plot'), {'xaxis.range[0]': 8, 'xaxis.range[1]': 9});")
     _wait_text(driver, "#timeline-graph .gtitle", f"— {want} activities")
     errors += _severe(driver)
 
@@ -167,6 +165,36 @@ def test_html_report_opens_offline(driver, analyses, tmp_path):
     _wait_css(driver, _plot("roofline-graph"))
     assert driver.find_element(By.ID, "symptom-card-moe-kernel-bound")
     assert "host · markers, calls" in driver.find_element(By.ID, "timeline-graph").text
+    assert "ms from trace start" in driver.find_element(By.CSS_SELECTOR, "#timeline-graph .xtitle").text  # as the web page
+    assert _severe(driver) == []
+
+
+def test_one_time_origin_on_the_overview_and_the_timeline(driver, base_url, analyses):
+    """The overview's longest-gaps table and the timeline count from the same origin (the trace
+    start, as the JSON's start_ms and --window), labelled on both: the table's longest gap
+    (18.8175 ms from the trace start, 11.681 µs, before a copy kernel) is drawn on the
+    timeline's idle row at exactly that time."""
+    gap = next(p for p in analyses[0].to_dict()["phases"] if p["name"] == "all")["gaps"]["longest"][0]
+    assert (gap["start_ms"], gap["ms"], gap["cause"]) == (18.8175, 0.011681, "dependency")
+    driver.get(base_url + "/")
+    table = _wait_css(driver, "#longest-gaps-2")
+    head = [th.text for th in table.find_elements(By.CSS_SELECTOR, "thead th")]
+    first = [td.text for td in table.find_elements(By.CSS_SELECTOR, "tbody tr")[0].find_elements(By.TAG_NAME, "td")]
+    assert head[0] == "start (ms from trace start)" and first[:2] == ["18.82 ms", "0.0117 ms"]
+
+    driver.get(base_url + "/timeline")
+    _wait_css(driver, _plot("timeline-graph"))
+    _wait_css(driver, "#timeline-graph .js-plotly-plot:not(.dash-graph--pending)")
+    assert "ms from trace start" in driver.find_element(By.CSS_SELECTOR, "#timeline-graph .xtitle").text
+    segs = WebDriverWait(driver, WAIT_S).until(lambda d: d.execute_script(  # once the figure is drawn
+        "const gd = document.querySelector('#timeline-graph .js-plotly-plot');"
+        "if (!gd || !gd._fullData) return null;"
+        "return gd._fullData.filter(d => (d.legendgroup || '').startsWith('gap:')).map(d => {"
+        "  const x = Array.from(d.x); const out = [];"
+        "  for (let i = 0; i + 1 < x.length; i += 3) out.push([x[i], x[i + 1]]);"
+        "  return [d.legendgroup, out]; });"))
+    hits = [(g, a, b) for g, xs in segs for a, b in xs if abs(a - gap["start_ms"]) < 1e-6]
+    assert len(hits) == 1 and abs(hits[0][2] - hits[0][1] - gap["ms"]) < 1e-6, hits
     assert _severe(driver) == []
 
 
@@ -174,22 +202,19 @@ def test_timeline_highlights_the_critical_path(driver, base_url, analyses):
     """The timeline's critical-path lane highlights exactly the segments the JSON report lists
     for the step (``steps[].critical_path.segments``), at the same times."""
     from diagnose.app.pathlane import TOP_TRACE
-    from diagnose.app.timeline import prepare_timeline
 
     vllm = analyses[0]
     report = vllm.to_dict()
     segs = report["steps"][0]["critical_path"]["segments"]
-    t0 = prepare_timeline(vllm.activities, report).t0_ns  # the timeline's origin: first GPU activity
-    shift_ns = vllm.t0_ns - t0  # JSON times count from the trace start
-    want = [[round((round(s["start_ms"] * 1e6) + shift_ns) / 1e6, 6), s["ms"]] for s in segs]
+    want = [[s["start_ms"], s["ms"]] for s in segs]  # the timeline counts from the trace start, as the JSON
     driver.get(base_url + "/timeline")
     _wait_css(driver, _plot("timeline-graph"))
     _wait_css(driver, "#timeline-graph .js-plotly-plot:not(.dash-graph--pending)")
     assert "critical path" in driver.find_element(By.ID, "timeline-graph").text
-    got = driver.execute_script(
+    got = WebDriverWait(driver, WAIT_S).until(lambda d: d.execute_script(  # once the figure is drawn
         "const gd = document.querySelector('#timeline-graph .js-plotly-plot');"
-        f"const t = gd._fullData.find(d => d.name === {TOP_TRACE!r});"  # the drawn (decoded) trace
-        "return t ? [t.meta.critical_path_top, Array.from(t.x).filter(v => v !== null && !isNaN(v))] : null;")
+        f"const t = gd && gd._fullData && gd._fullData.find(d => d.name === {TOP_TRACE!r});"  # the drawn (decoded) trace
+        "return t ? [t.meta.critical_path_top, Array.from(t.x).filter(v => v !== null && !isNaN(v))] : null;"))
     assert got is not None
     top, xs = got
     assert len(segs) == 10 and top == want
