@@ -409,7 +409,7 @@ def app_state():
 def test_timeline_zoom_with_huge_or_bad_ranges(app_state):
     from diagnose.app.server import timeline_zoom
 
-    span_ms = 2.13884  # the trace's GPU span
+    span_ms = 2.871429  # the timeline's span: from the trace start (its origin) to the last GPU activity's end
     fig = timeline_zoom(app_state, {"xaxis.range[0]": -1e308, "xaxis.range[1]": 1e308}, "0")
     assert tuple(fig.layout.xaxis.range) == (-span_ms, 2 * span_ms)  # clipped to one span either side
     for bad in ({"xaxis.range[0]": "nan", "xaxis.range[1]": 1}, {"xaxis.range": [float("inf"), 1]}):
@@ -417,7 +417,7 @@ def test_timeline_zoom_with_huge_or_bad_ranges(app_state):
         assert [a.text for a in fig.layout.annotations] == ["zoom ignored: the range was not two finite numbers"]
         assert tuple(fig.layout.xaxis.range) == (0, span_ms)
     fig = timeline_zoom(app_state, {"xaxis.range[0]": 50, "xaxis.range[1]": 60}, "0")
-    assert [a.text for a in fig.layout.annotations] == ["zoom ignored: the range lies outside the trace (0 to 2.139 ms)"]
+    assert [a.text for a in fig.layout.annotations] == ["zoom ignored: the range lies outside the trace (0 to 2.871 ms)"]
 
 
 def test_kv_calculator_inputs_bounded(app_state):
