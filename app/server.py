@@ -40,6 +40,8 @@ from dash import Input, Output, State, dcc, html
 
 from diagnose.app import hostcheck
 from diagnose.app import figures as F
+from diagnose.app.cards import symptom_card  # noqa: F401  (re-exported)
+from diagnose.app.pagetext import distinct_labels
 from diagnose.app.timeline import TimelineData, host_lane, parse_relayout, prepare_timeline, timeline_figure
 from diagnose.hardware import describe_devices, describe_peak
 from diagnose.app.compare_view import compare_output, compare_page
@@ -175,25 +177,6 @@ def load_analyses(paths: Sequence[str], *, analyze: Callable | None = None, opti
     return out
 
 
-def distinct_labels(paths: Sequence[str]) -> list[str]:
-    """A label per path that tells the files apart: the file name, with as many of its folders
-    as it takes to differ from every other path (``vllm_decode_full/graph_execution.json.gz``
-    vs ``vllm_eager/graph_execution.json.gz``); the same file given twice gets ``(2nd)``..."""
-    parts = [[x for x in os.path.normpath(os.path.abspath(p)).split(os.sep) if x] or [p] for p in paths]
-    out = []
-    for i, pi in enumerate(parts):
-        n = 1
-        while n < len(pi) and any(j != i and pj[-n:] == pi[-n:] and pj != pi for j, pj in enumerate(parts)):
-            n += 1
-        label = "/".join(pi[-n:])
-        same = [j for j, pj in enumerate(parts) if pj == pi]
-        if len(same) > 1:
-            k = same.index(i) + 1
-            label += f" ({k}{'st' if k == 1 else 'nd' if k == 2 else 'rd' if k == 3 else 'th'})"
-        out.append(label)
-    return out
-
-
 def build_state(paths: Sequence[str], analyses: Sequence | None = None, *, verdicts: bool = True,
                 ruleset: Any = None, **load_kwargs) -> AppState:
     """Entries for ``paths``; ``analyses`` (Analysis objects or report dicts) skip the analysis.
@@ -297,35 +280,6 @@ def overview_page(entry: TraceEntry) -> html.Div:
     parts.append(html.P([f"Source: {os.path.basename(str(src.get('path', entry.path)))} ({src.get('format', '?')}) · {devs}",
                          " · PARTIAL trace (truncated input)" if r.get("partial") else ""], className="dg-muted"))
     return html.Div(parts)
-
-
-def symptom_card(c: dict) -> html.Div:
-    """One fired symptom, for people: findings by their labels, thresholds in words, evidence,
-    likely cause, how to verify and one "what to change" section (:func:`figures.symptom_cards_data`)."""
-    head = " · ".join(x for x in (c["symptom"], c["title"]) if x) or c["id"]
-    body: list[Any] = [html.H3([html.Span(c["severity"].upper(), className="dg-sev", style={"background": c["color"]}), head]),
-                       html.P(c["summary"])]
-    dl: list[Any] = []
-    mvt: list[Any] = [html.Li([m["text"], html.Span(m["why"], className="dg-why") if m["why"] else ""], title=m["key"])
-                      for m in c["measured"]]
-    mvt += [html.Li(f"{p['label']}: {p['measured_text']} vs threshold {p['threshold_text']}") for p in c["pairs"]]
-    if mvt:
-        dl += [html.Dt("Measured vs threshold"), html.Dd(html.Ul(mvt))]
-    if c["evidence"]:
-        dl += [html.Dt("Evidence"), html.Dd(html.Ul([html.Li(f"{k}: {v}") for k, v in c["evidence"]]))]
-    for key, label in (("likely_cause", "Likely cause"), ("how_to_verify", "How to verify")):
-        if c[key]:
-            dl += [html.Dt(label), html.Dd(c[key])]
-    if c["change"] or c["in_place"]:
-        dl += [html.Dt("What to change"),
-               html.Dd([html.Ul([html.Li(x) for x in c["change"]], className="dg-levers")]
-                       + ([html.Div("Already in place: " + "; ".join(c["in_place"]), className="dg-muted")]
-                          if c["in_place"] else []))]
-    if c["references"]:
-        dl += [html.Dt("References"), html.Dd(", ".join(c["references"]), className="dg-muted")]
-    body.append(html.Dl(dl))
-    return html.Div(body, id=f"symptom-card-{F.safe_id(c['id'])}", className="dg-card",
-                    style={"borderLeftColor": c["color"]})
 
 
 def waits_section(report: Mapping) -> list[Any]:

@@ -18,9 +18,8 @@ Gaps and their causes are the analyzer's (:mod:`diagnose.analyzers.waits`: one b
 interval of a device, all streams merged), each drawn in its cause's colour from the cause
 table (``diagnose/data/causes.yaml``), the colour every other view uses.
 
-Time axis: milliseconds from the trace start (``t0_ns`` in ``fig.layout.meta``): the origin of
-the JSON report's ``start_ms`` and of ``--window``, so a gap of the overview's table sits at the
-same time here (:data:`TIME_AXIS_TITLE`).
+Time axis: ms from the trace start (``t0_ns`` in ``fig.layout.meta``), the origin of ``start_ms``
+and ``--window``: a gap of the overview's table sits at the same time here.
 """
 from __future__ import annotations
 
@@ -182,9 +181,8 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
             drawn gap causes are the report's; None: causes from launch times only.
         path: the critical-path lane (:func:`diagnose.app.pathlane.path_lane`): drawn on a
             "critical path" row, its longest segments highlighted.
-        t0_ns: the trace start (``Analysis.t0_ns``), the origin of the time axis as of every
-            ``start_ms`` of the report; None: the earliest activity, step or host-lane event
-            given (the trace start when those hold the earliest event).
+        t0_ns: the trace start (``Analysis.t0_ns``: the axis origin, as every ``start_ms``);
+            None: the earliest activity, step or host-lane event given.
 
     Returns:
         A :class:`TimelineData` to pass to :func:`timeline_figure` (any number of times).
@@ -200,10 +198,7 @@ def prepare_timeline(activities: pd.DataFrame | None, report: dict | None = None
         t0_candidates.append(min(int(s["gpu_start_ns"]) for s in step_rows))
     if host is not None and len(host):
         t0_candidates.append(int(host["start_ns"].min()))
-    if t0_ns is not None:
-        t0 = int(t0_ns)
-    else:
-        t0 = min(t0_candidates) if t0_candidates else 0
+    t0 = int(t0_ns) if t0_ns is not None else min(t0_candidates) if t0_candidates else 0
 
     rows = ["steps / phases"]
     host_row = None

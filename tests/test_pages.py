@@ -15,6 +15,7 @@ from diagnose.app import figures as F
 from diagnose.app.server import distinct_labels, symptom_card
 from diagnose.compare import compare_reports, latency_gap_reason, like_for_like_warnings
 from diagnose.engine import load_ruleset
+from diagnose.vocab import LEVERS
 
 # A fired symptom as the rule engine writes it: findings by key, a threshold, the rule's labels,
 # a lever dropped because it is already in place (the engine then rewrites ``fix``).
@@ -57,7 +58,7 @@ def test_card_for_people():
     # The rule's labels as words, never a dict repr.
     assert c["evidence"] == [("the step phase with the most own time on the device", "decode")]
     # One "what to change": the kept lever (the engine's fix only repeats it with the note).
-    assert c["change"] == [F.LEVERS["moe_kernels"].text]
+    assert c["change"] == [LEVERS["moe_kernels"].text]
     assert c["in_place"] == ["not recommending cuda graphs: the steps already replay CUDA/HIP graphs"]
     text = _text(symptom_card(c))
     assert text.count("What to change") == 1 and "Fix" not in text and "{" not in text
