@@ -1,5 +1,6 @@
-"""A fired symptom's card on the web overview (the HTML report's template renders the same
-data, :func:`diagnose.app.figures.symptom_cards_data`)."""
+"""A fired symptom's card and the cause legend on the web pages (the HTML report's template
+renders the same data: :func:`diagnose.app.figures.symptom_cards_data`,
+:func:`diagnose.app.causeview.legend_entries`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -36,3 +37,13 @@ def symptom_card(c: dict) -> html.Div:
     body.append(html.Dl(dl))
     return html.Div(body, id=f"symptom-card-{F.safe_id(c['id'])}", className="dg-card",
                     style={"borderLeftColor": c["color"]})
+
+
+def cause_legend(entries: list[dict], id: str) -> html.Div:
+    """The cause legend (:func:`diagnose.app.causeview.legend_entries`): one swatch in the
+    cause table's colour and "name: short" per cause the page shows; the cause's one-line
+    meaning on hover."""
+    items: list[Any] = [html.Span("Causes:", className="dg-legend-head")]
+    items += [html.Span([html.Span(className="dg-swatch", style={"background": e["color"]}), e["text"]],
+                        className="dg-legend-item", title=e["label"], **{"data-cause": e["cause"]}) for e in entries]
+    return html.Div(items, id=id, className="dg-legend")

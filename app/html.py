@@ -20,7 +20,8 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from diagnose.app import figures as F
-from diagnose.app.timeline import host_lane, prepare_timeline, timeline_figure
+from diagnose.app.causeview import legend_entries, waits_causes
+from diagnose.app.timeline import host_lane, legend_causes, prepare_timeline, timeline_figure
 from diagnose.hardware import describe_devices, describe_peak
 from diagnose.pipeline import device_headline_lines
 
@@ -36,6 +37,8 @@ h1 { font-size: 1.4em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #eee; 
 .card h3 { margin: 0.2em 0; font-size: 1.05em; } .card dt { font-weight: 600; margin-top: 0.4em; } .card dd { margin-left: 1em; }
 .sev { display: inline-block; padding: 0 0.5em; border-radius: 4px; color: white; font-size: 0.8em; margin-right: 0.5em; }
 .cause { display: inline-block; padding: 0 0.4em; border-radius: 4px; color: #111; font-size: 0.85em; }
+.legend { display: flex; flex-wrap: wrap; gap: 0.3em 1.2em; margin: 0.4em 0; font-size: 0.88em; }
+.legend-head { font-weight: 600; } .swatch { display: inline-block; width: 1.4em; height: 0.8em; margin-right: 0.35em; vertical-align: middle; border-radius: 2px; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em 0; font-size: 0.92em; }
 th, td { border: 1px solid #ddd; padding: 0.3em 0.7em; text-align: left; vertical-align: top; }
 th { background: #f5f5f5; } .na { color: #888; } .why { color: #888; font-size: 0.8em; display: block; max-width: 28em; }
@@ -93,6 +96,7 @@ def render_html(report: Mapping, activities=None, *, title: str | None = None, m
         w = F.waits_data(report, d)
         if w["rows"]:
             waits.append({**w, "device": d, "idle_text": F.fmt_value(w["idle_ms"], "ms")})
+    td = prepare_timeline(activities, dict(report), host, host_index, path, t0_ns=t0_ns) if activities is not None else None
     kern = [{**k, "total_text": F.fmt_value(k["total_ms"]), "mean_text": F.fmt_value(k["mean_us"]),
              "share_text": F.fmt_value(k["share"], "share")} for k in F.kernels_table_data(report, activities, limit=60)]
     return _template().render(
@@ -109,14 +113,14 @@ def render_html(report: Mapping, activities=None, *, title: str | None = None, m
         device_headlines=device_headline_lines(report),
         key_numbers=[{**k, "value_text": F.fmt_value(k["value"], k["unit"])} for k in F.key_numbers(report)],
         waits=waits,
+        waits_legend=legend_entries(waits_causes(waits)),
+        timeline_legend=legend_entries(legend_causes(td)) if td is not None else [],
         cards=cards,
         symptoms_missing=report.get("symptoms") is None,
         not_evaluated=F.not_evaluated_data(report),
         not_evaluated_none="none reported" if report.get("not_evaluated") is not None else "not available",
         phase_tables=phase_tables,
-        timeline=_fig(timeline_figure(prepare_timeline(activities, dict(report), host, host_index, path, t0_ns=t0_ns), max_points=max_points),
-                      "timeline-graph")
-        if activities is not None else None,
+        timeline=_fig(timeline_figure(td, max_points=max_points), "timeline-graph") if td is not None else None,
         categories=_fig(F.categories_figure(report), "categories-graph"),
         attention=[{**a, "ms_text": F.fmt_value(a["attention_ms"], "ms")} for a in F.attention_rows(report)],
         roofline=_fig(F.roofline_figure(report), "roofline-graph"),

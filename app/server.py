@@ -40,9 +40,10 @@ from dash import Input, Output, State, dcc, html
 
 from diagnose.app import hostcheck
 from diagnose.app import figures as F
-from diagnose.app.cards import symptom_card  # noqa: F401  (re-exported)
+from diagnose.app.cards import cause_legend, symptom_card  # noqa: F401  (re-exported)
+from diagnose.app.causeview import legend_entries, waits_causes
 from diagnose.app.pagetext import distinct_labels
-from diagnose.app.timeline import TimelineData, host_lane, parse_relayout, prepare_timeline, timeline_figure
+from diagnose.app.timeline import TimelineData, host_lane, legend_causes, parse_relayout, prepare_timeline, timeline_figure
 from diagnose.hardware import describe_devices, describe_peak
 from diagnose.app.compare_view import compare_output, compare_page
 from diagnose.app.widgets import table as _table
@@ -81,6 +82,8 @@ body { font-family: -apple-system, BlinkMacSystemFont, "Segoe UI", Roboto, sans-
 .dg-card dd { margin-left: 1em; }
 .dg-sev { display: inline-block; padding: 0 0.5em; border-radius: 4px; color: white; font-size: 0.8em; margin-right: 0.5em; }
 .dg-cause { display: inline-block; padding: 0 0.4em; border-radius: 4px; color: #111; font-size: 0.85em; }
+.dg-legend { display: flex; flex-wrap: wrap; gap: 0.3em 1.2em; margin: 0.4em 0; font-size: 0.88em; }
+.dg-legend-head { font-weight: 600; } .dg-swatch { display: inline-block; width: 1.4em; height: 0.8em; margin-right: 0.35em; vertical-align: middle; border-radius: 2px; }
 table.dg-table { border-collapse: collapse; margin: 0.5em 0 1.5em 0; font-size: 0.92em; }
 table.dg-table th, table.dg-table td { border: 1px solid #ddd; padding: 0.3em 0.7em; text-align: left; vertical-align: top; }
 table.dg-table th { background: #f5f5f5; }
@@ -283,12 +286,11 @@ def overview_page(entry: TraceEntry) -> html.Div:
 
 
 def waits_section(report: Mapping) -> list[Any]:
-    """Where the GPU waited (per device, the ``all`` phase): idle time by cause, longest gaps."""
-    out: list[Any] = []
-    for d in F.report_devices(report):
-        w = F.waits_data(report, d)
-        if not w["rows"]:
-            continue
+    """Where the GPU waited (per device, the ``all`` phase): the cause legend, idle time by
+    cause, longest gaps."""
+    waits = [(d, w) for d in F.report_devices(report) for w in [F.waits_data(report, d)] if w["rows"]]
+    out: list[Any] = [cause_legend(legend_entries(waits_causes(w for _, w in waits)), "cause-legend")] if waits else []
+    for d, w in waits:
         out.append(html.H3(f"Where the GPU waited (GPU {d}): idle {F.fmt_value(w['idle_ms'], 'ms')}"))
         out.append(html.Ul([html.Li([html.Span(c["cause"], className="dg-cause", style={"background": c["color"]}),
                                      f" {c['ms_text']}: {c['label']}", html.Span(f" — {c['levers_text']}" if c["levers_text"] else "", className="dg-muted")])
@@ -343,10 +345,11 @@ def timeline_page(entry: TraceEntry, max_points: int = 20000) -> html.Div:
     return html.Div([
         html.H2("GPU timeline"),
         html.P("One row per device:stream; the idle row shows each gap on the device (all streams merged) in the "
-               "colour of its cause (the legend; the same colours as the overview's list). The top row shows steps "
+               "colour of its cause (the causes legend below: the cause table's colours, as on the overview). The top row shows steps "
                "coloured by phase; the host row what the host was doing: step markers, and runtime calls of 20 µs or "
                "more (blocking calls in the host_blocked colour), so a gap lines up with the call it waited on. Drag "
                "to zoom: the zoomed range is re-rendered in full detail; double-click to reset.", className="dg-muted"),
+        cause_legend(legend_entries(legend_causes(entry.timeline)), "timeline-cause-legend"),
         dcc.Loading(_graph("timeline-graph", fig), type="default"),
     ])
 

@@ -32,7 +32,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from diagnose.vocab import CATEGORY_COLORS, CAUSE_COLORS, GAP_CAUSE_TABLE, GAP_CAUSES, PHASE_COLORS  # noqa: F401 (re-exported)
+from diagnose.app.causeview import CAUSE_LEGEND  # noqa: F401 (re-exported)
+from diagnose.vocab import CATEGORY_COLORS, CAUSE_COLORS, GAP_CAUSES, PHASE_COLORS  # noqa: F401 (re-exported)
 
 #: Bins (≈ pixels) across the visible range when aggregating.
 MAX_BINS = 1600
@@ -126,10 +127,18 @@ def _device_gaps(acts: pd.DataFrame, host: Any = None) -> tuple[np.ndarray, np.n
     return g.start, g.end, g.cause.astype(np.int16), d.pos[g.next_idx]
 
 
-#: Each cause's legend entry: its name and short text (the cause table's).
-CAUSE_LEGEND = {c.name: f"{c.name}: {c.short}" for c in GAP_CAUSE_TABLE}
 #: The blocking-call colour of the host lane: the host_blocked cause's.
 BLOCKED_COLOR = CAUSE_COLORS["host_blocked"]
+
+
+def legend_causes(td: TimelineData) -> list[str]:
+    """The causes the timeline draws in a cause's colour: its gaps' causes, and host_blocked
+    when the host lane has a blocking call (drawn in that cause's colour). Names, in the
+    cause table's order (for :func:`diagnose.app.causeview.legend_entries`)."""
+    drawn = {GAP_CAUSES[int(c)] for c in np.unique(td.gap_cause)}
+    if td.host_row is not None and bool((td.host_kind == 2).any()):
+        drawn.add("host_blocked")
+    return [c for c in GAP_CAUSES if c in drawn]
 
 
 HOST_KINDS = ("step marker", "runtime call", "blocking call")

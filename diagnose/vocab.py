@@ -97,10 +97,11 @@ PATH_KIND_LABELS = {
     "gpu_gap": "GPU gaps", "launch_latency": "launch latency", "dependency": "cross-stream wait",
     "sync_return": "sync return", "host": "host",
 }
-#: Path kinds that are waits of a cause take that cause's colour (the cause table's).
+#: Path kinds that are waits of a cause take that cause's colour (the cause table's): a
+#: blocking call returning after the GPU work it waited for is host_blocked's.
 PATH_KIND_COLORS = {
     "gpu_compute": "#1f77b4", "gpu_communication": "#e377c2", "memcpy": "#7f7f7f", "gpu_gap": CAUSE_COLORS["graph"],
-    "launch_latency": CAUSE_COLORS["launch"], "dependency": CAUSE_COLORS["dependency"], "sync_return": "#c62828",
+    "launch_latency": CAUSE_COLORS["launch"], "dependency": CAUSE_COLORS["dependency"], "sync_return": CAUSE_COLORS["host_blocked"],
     "host": "#ff7f0e",
 }
 #: Why a path starts where it does: the step's anchor (its marker, or the window's start),

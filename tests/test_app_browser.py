@@ -8,6 +8,7 @@ has none, checks the "no symptom" banner.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -166,14 +167,49 @@ def test_html_report_opens_offline(driver, analyses, tmp_path):
     assert driver.find_element(By.ID, "symptom-card-moe-kernel-bound")
     assert "host · markers, calls" in driver.find_element(By.ID, "timeline-graph").text
     assert "ms from trace start" in driver.find_element(By.CSS_SELECTOR, "#timeline-graph .xtitle").text  # as the web page
+    colours = _yaml_colours()
+    want = [(c, colours[c], text) for c, text in VLLM_LEGEND]
+    assert _legend(driver, "cause-legend") == want and _legend(driver, "timeline-cause-legend") == want
+    head = [th.text for th in driver.find_elements(By.CSS_SELECTOR, "#longest-gaps-2 thead th")]
+    assert head[0] == "start (ms from trace start)"
     assert _severe(driver) == []
+
+
+def _yaml_colours() -> dict[str, str]:
+    """{cause: colour} as diagnose/data/causes.yaml writes them (read here, not through the package)."""
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "diagnose" / "data" / "causes.yaml").read_text(encoding="utf-8"))
+    return {c["name"]: c["color"].lower() for c in raw["causes"]}
+
+
+def _rgb(css: str) -> str:
+    """'rgb(176, 176, 176)' (a computed colour) as '#b0b0b0'."""
+    return "#" + "".join(f"{int(v):02x}" for v in re.findall(r"\d+", css)[:3])
+
+
+def _legend(driver, legend_id: str) -> list[tuple[str, str, str]]:
+    """(cause, the swatch's colour as the browser paints it, text) of each entry of a cause legend."""
+    items = _wait_css(driver, f"#{legend_id}").find_elements(By.CSS_SELECTOR, "[data-cause]")
+    return [(i.get_attribute("data-cause"), _rgb(i.find_element(By.CSS_SELECTOR, "span").value_of_css_property("background-color")),
+             i.text) for i in items]
+
+
+#: The vLLM trace's causes (device 2): idle 0.022 ms queued behind a dependency, 0.003 ms kernel
+#: switches; in the cause table's order, with the table's short words.
+VLLM_LEGEND = [("dependency", "dependency: queued behind a dependency"), ("switch", "switch: kernel switch")]
 
 
 def test_one_time_origin_on_the_overview_and_the_timeline(driver, base_url, analyses):
     """The overview's longest-gaps table and the timeline count from the same origin (the trace
     start, as the JSON's start_ms and --window), labelled on both: the table's longest gap
     (18.8175 ms from the trace start, 11.681 µs, before a copy kernel) is drawn on the
-    timeline's idle row at exactly that time."""
+    timeline's idle row at exactly that time. Both pages carry the cause legend: one entry per
+    cause shown (dependency, switch), painted in causes.yaml's colour, which is also the colour
+    the timeline draws each cause's gaps in."""
+    colours = _yaml_colours()
+    want = [(c, colours[c], text) for c, text in VLLM_LEGEND]
+    assert [w[1] for w in want] == ["#b0b0b0", "#d9d9d9"]
     gap = next(p for p in analyses[0].to_dict()["phases"] if p["name"] == "all")["gaps"]["longest"][0]
     assert (gap["start_ms"], gap["ms"], gap["cause"]) == (18.8175, 0.011681, "dependency")
     driver.get(base_url + "/")
@@ -181,6 +217,9 @@ def test_one_time_origin_on_the_overview_and_the_timeline(driver, base_url, anal
     head = [th.text for th in table.find_elements(By.CSS_SELECTOR, "thead th")]
     first = [td.text for td in table.find_elements(By.CSS_SELECTOR, "tbody tr")[0].find_elements(By.TAG_NAME, "td")]
     assert head[0] == "start (ms from trace start)" and first[:2] == ["18.82 ms", "0.0117 ms"]
+    assert _legend(driver, "cause-legend") == want
+    cell = table.find_elements(By.CSS_SELECTOR, "tbody tr")[0].find_elements(By.TAG_NAME, "td")[2]
+    assert _rgb(cell.find_element(By.CSS_SELECTOR, ".dg-cause").value_of_css_property("background-color")) == colours["dependency"]
 
     driver.get(base_url + "/timeline")
     _wait_css(driver, _plot("timeline-graph"))
@@ -195,6 +234,13 @@ def test_one_time_origin_on_the_overview_and_the_timeline(driver, base_url, anal
         "  return [d.legendgroup, out]; });"))
     hits = [(g, a, b) for g, xs in segs for a, b in xs if abs(a - gap["start_ms"]) < 1e-6]
     assert len(hits) == 1 and abs(hits[0][2] - hits[0][1] - gap["ms"]) < 1e-6, hits
+    assert hits[0][0] == "gap:dependency"  # the table's cause, on the timeline too
+    assert _legend(driver, "timeline-cause-legend") == want
+    drawn = driver.execute_script(  # each cause's gaps as drawn: their line colour
+        "const gd = document.querySelector('#timeline-graph .js-plotly-plot');"
+        "return Object.fromEntries(gd._fullData.filter(d => (d.legendgroup || '').startsWith('gap:'))"
+        "  .map(d => [d.legendgroup.slice(4), d.line.color]));")
+    assert {k: v.lower() for k, v in drawn.items()} == {c: col for c, col, _ in want}
     assert _severe(driver) == []
 
 

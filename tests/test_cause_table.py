@@ -13,7 +13,7 @@ from diagnose.cause_table import CauseTableError, cause_table, check
 from diagnose.engine import load_rules, load_ruleset
 from diagnose.options import AnalysisOptions
 from diagnose.pipeline import diagnose_trace
-from diagnose.vocab import CAUSE_COLORS, CAUSE_LEVERS, EXTERNAL_CAUSES, GAP_CAUSES, HOST_CAUSES, LEVERS
+from diagnose.vocab import CAUSE_COLORS, CAUSE_LEVERS, EXTERNAL_CAUSES, GAP_CAUSE_LABELS, GAP_CAUSES, HOST_CAUSES, LEVERS
 from diagnose.yamlio import load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -208,3 +208,167 @@ def test_critical_path_and_whatif_use_the_tables_causes(decode0):
     cp = decode0.to_dict()["critical_path"]["phases"][0]["host_ms_by_cause"]
     assert set(cp) <= set(path_causes())
     assert (cp["host_compute"], cp["launch"]) == (0.688082, 1.552619)
+
+
+# -- the cause legend: one entry per cause a view shows, in the table's colour ------------------
+
+
+NVFUSER = "nvfuser/64ee035/report1.sqlite"
+
+
+def _dash_legend(component, legend_id: str) -> list[tuple[str, str, str]]:
+    """(data-cause, swatch colour, text) of each item of the Dash legend ``legend_id``."""
+    found = []
+
+    def walk(x, inside=False):
+        inside = inside or getattr(x, "id", None) == legend_id
+        if inside and getattr(x, "className", None) == "dg-legend-item":
+            swatch, text = x.children
+            found.append((getattr(x, "data-cause"), swatch.style["background"], text))
+        ch = getattr(x, "children", None)
+        for y in ch if isinstance(ch, list) else [ch] if ch is not None else []:
+            walk(y, inside)
+
+    walk(component)
+    return found
+
+
+def _html_legend(html: str, legend_id: str) -> list[tuple[str, str, str]]:
+    m = re.search(rf'<div class="legend" id="{legend_id}">(.*?)</div>', html, re.S)
+    assert m, legend_id
+    return re.findall(r'<span class="legend-item" data-cause="([a-z_]+)" title="[^"]*"><span class="swatch" '
+                      r'style="background:(#[0-9a-f]{6})"></span>([^<]*)</span>', m.group(1))
+
+
+def _want(causes) -> list[tuple[str, str, str]]:
+    t = cause_table()
+    return [(c.name, c.color, f"{c.name}: {c.short}") for c in t.causes if c.name in causes]
+
+
+def _views(a):
+    """(the overview's legend, the timeline page's, the HTML report's waits and timeline legends,
+    the timeline figure's gap traces {cause: colour}) of one analysis."""
+    pytest.importorskip("dash")
+    from diagnose.app.html import render_html
+    from diagnose.app.server import build_state, timeline_page, waits_section
+    from diagnose.app.timeline import timeline_figure
+
+    r = a.to_dict()
+    entry = build_state(["t"], [a]).entries[0]
+    from dash import html as H
+
+    overview = _dash_legend(H.Div(waits_section(r)), "cause-legend")
+    timeline = _dash_legend(timeline_page(entry), "timeline-cause-legend")
+    page = render_html(r, a.activities, host=entry.host, host_index=a.host_index, t0_ns=a.t0_ns)
+    fig = timeline_figure(entry.timeline, max_points=10**6)
+    drawn = {t.legendgroup[len("gap:"):]: t.line.color for t in fig.data if (t.legendgroup or "").startswith("gap:")}
+    return overview, timeline, _html_legend(page, "cause-legend"), _html_legend(page, "timeline-cause-legend"), drawn
+
+
+def test_each_view_has_a_legend_of_the_causes_it_shows_in_the_tables_colours(decode0):
+    """nano-vllm decode_gpu_0: idle by cause launch 0.927, host_compute 0.693, host_blocked 0.403,
+    switch 0.001 ms; the overview and the HTML report list those four, in the table's order and
+    colours; the timeline draws the same gaps (and a blocking call on the host lane) in those
+    colours, and its legend names exactly what it draws."""
+    overview, timeline, html_waits, html_timeline, drawn = _views(decode0)
+    four = _want({"launch", "host_blocked", "switch", "host_compute"})
+    assert [c for c, _, _ in four] == ["launch", "host_blocked", "switch", "host_compute"]
+    assert overview == four and html_waits == four
+    assert timeline == html_timeline == four
+    assert drawn == {c: col for c, col, _ in four}  # the figure's gap traces, as its legend says
+
+
+def test_cold_start_is_drawn_as_itself():
+    """nvFuser's nsys trace (64ee035): the host compiled fusions (nvFuser compileFusion) for
+    396.815915 ms while the GPU idled: cold_start on the overview, the HTML report and the timeline,
+    drawn in cold_start's colour for exactly that long (one gap), never as a generic idle."""
+    from diagnose.app.timeline import host_lane, prepare_timeline
+    from diagnose.pipeline import run_analysis
+
+    a = run_analysis(str(shared_trace(NVFUSER)))
+    r = a.to_dict()
+    assert next(p for p in r["phases"] if p["name"] == "all")["idle_by_cause_ms"]["cold_start"] == 396.815915
+    td = prepare_timeline(a.activities, r, host_lane(a.trace, r), a.host_index, t0_ns=a.t0_ns)
+    m = td.gap_cause == GAP_CAUSES.index("cold_start")
+    assert (int(m.sum()), int((td.gap_end[m] - td.gap_start[m]).sum())) == (1, 396_815_915)
+    overview, timeline, html_waits, html_timeline, drawn = _views(a)
+    entry = ("cold_start", CAUSE_COLORS["cold_start"], "cold_start: compilation")
+    for legend in (overview, timeline, html_waits, html_timeline):
+        assert entry in legend
+    assert drawn["cold_start"] == CAUSE_COLORS["cold_start"]
+
+
+def test_profiler_overhead_is_drawn_as_itself(kineto, tmp_path):
+    """A planted trace: the profiler's 'Activity Buffer Request' (11..511 µs) sits in the GPU's
+    gap 10..520 µs; the trace starts at the first launch call (-5 µs), so the gap is 0.51 ms from
+    0.015 ms on the timeline, in profiler_overhead's colour, and every legend names it."""
+    from diagnose.pipeline import run_analysis
+
+    b = kineto()
+    b.launch("k0", 0, 10, launch_ts=-5, launch_dur=3)
+    b.overhead("Activity Buffer Request", 11, 500)
+    b.launch("k1", 520, 10, launch_ts=512, launch_dur=5)
+    a = run_analysis(str(b.write(tmp_path / "overhead.json")))
+    overview, timeline, html_waits, html_timeline, drawn = _views(a)
+    want = _want({"profiler_overhead"})
+    assert overview == timeline == html_waits == html_timeline == want
+    assert drawn == {"profiler_overhead": CAUSE_COLORS["profiler_overhead"]}
+    from diagnose.app.server import build_state
+    from diagnose.app.timeline import timeline_figure
+
+    fig = timeline_figure(build_state(["t"], [a]).entries[0].timeline)
+    assert [list(t.x) for t in fig.data if t.legendgroup == "gap:profiler_overhead"][0][:2] == [0.015, 0.525]
+
+
+def test_no_other_thing_on_the_timeline_wears_a_cause_colour(decode0):
+    """A cause's colour means that cause on every row of the timeline: gaps of the cause, the host
+    lane's blocking calls (host_blocked), and critical-path waits of the cause (GPU gaps: graph,
+    launch latency: launch, cross-stream waits: dependency, a blocking call's return: host_blocked);
+    nothing else (kernel categories, phases, host markers and calls, other path kinds) is drawn in one."""
+    from diagnose.app.pathlane import path_lane
+    from diagnose.app.timeline import HOST_COLORS, HOST_KINDS, host_lane, prepare_timeline, timeline_figure
+    from diagnose.vocab import PATH_KIND_COLORS
+
+    r = decode0.to_dict()
+    td = prepare_timeline(decode0.activities, r, host_lane(decode0.trace, r), decode0.host_index,
+                          path_lane(decode0.paths), t0_ns=decode0.t0_ns)
+    wears = {"path:gpu_gap": "graph", "path:launch_latency": "launch", "path:dependency": "dependency",
+             "path:sync_return": "host_blocked", "host:blocking call": "host_blocked"}
+    given = {**{"path:" + k: v for k, v in PATH_KIND_COLORS.items()}, **{"host:" + k: v for k, v in zip(HOST_KINDS, HOST_COLORS)}}
+    assert {g: given[g] for g in wears} == {g: CAUSE_COLORS[c] for g, c in wears.items()}  # a sync's return is not red
+    by_colour = {v: k for k, v in CAUSE_COLORS.items()}
+    seen = set()
+    for t in timeline_figure(td, max_points=10**6).data:
+        colour = (t.line.color if t.mode == "lines" else t.marker.color) or ""
+        group = t.legendgroup or ""
+        if colour in by_colour:
+            want = group[len("gap:"):] if group.startswith("gap:") else wears.get(group)
+            assert want == by_colour[colour], (group, colour)
+            seen.add(group)
+    assert {"gap:launch", "gap:host_compute", "gap:host_blocked", "path:launch_latency", "path:sync_return"} <= seen
+
+
+def test_terminal_gap_table_names_its_origin_in_100_columns(decode0):
+    """The terminal's longest-gaps table says where its start counts from (the trace start, as the
+    JSON's start_ms and the pages) and still fits a 100-column terminal; the line under it is the
+    cause legend: each cause shown, in the table's colour, with its meaning."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from diagnose.report.terminal import render_report
+
+    con = Console(record=True, width=100, color_system="truecolor", file=StringIO())
+    render_report(decode0.to_dict(), console=con)
+    text = con.export_text(clear=False)
+    lines = text.splitlines()
+    assert max(len(x) for x in lines) <= 100
+    i = next(n for n, x in enumerate(lines) if "start ms" in x)
+    assert [lines[i + k].split("┃")[1].strip() for k in range(3)] == ["start ms", "from trace", "start"]
+    html = con.export_html(inline_styles=True)
+    for c in ("launch", "host_blocked", "switch", "host_compute"):  # the legend, in the table's order
+        assert re.search(rf'color: {CAUSE_COLORS[c]}[^"]*">{c}</span><span[^>]*>: ', html), c
+        assert f"{c}: {GAP_CAUSE_LABELS[c]}" in " ".join(text.split()), c
+    flat = " ".join(text.split())
+    at = [flat.index(f"{c}: {GAP_CAUSE_LABELS[c]}") for c in ("launch", "host_blocked", "switch", "host_compute")]
+    assert at == sorted(at)
