@@ -19,7 +19,7 @@ from diagnose.hardware import describe_devices, describe_peak
 from diagnose.pipeline import device_headline_lines
 from diagnose.report import fmt
 from diagnose.textsafe import safe
-from diagnose.vocab import CAUSE_COLORS, GAP_CAUSE_LABELS, SEVERITY_STYLES
+from diagnose.vocab import CAUSE_COLORS, GAP_CAUSE_LABELS, GAP_CAUSES, SEVERITY_STYLES
 
 
 def _console(console: Console | None) -> Console:
@@ -207,15 +207,23 @@ def _render_waits(c: Console, d: dict[str, Any]) -> None:
             head.append(f"{k} {v:.3f} ms", style=_cause_style(k))
         c.print(head)
         t = Table(header_style="bold", title=None)
-        for col in ("start ms", "idle ms", "cause", "host was in", "host stack (innermost last)", "next on the GPU"):
-            t.add_column(col, justify="right" if col in ("start ms", "idle ms") else "left", overflow="fold")
+        # the start counts from the trace start (the JSON's start_ms, --window, the web and HTML
+        # timelines); 10 columns wide, so the header wraps to 3 lines rather than widen the table
+        t.add_column("start ms from trace start", justify="right", overflow="fold", max_width=10)
+        for col in ("idle ms", "cause", "host was in", "host stack (innermost last)", "next on the GPU"):
+            t.add_column(col, justify="right" if col == "idle ms" else "left", overflow="fold")
         for g in p["gaps"].get("longest") or []:
             cause = g["cause"] + (f" (after {g['waited_on']})" if g.get("waited_on") else "")
             stack = " > ".join((g.get("host_stack") or [])[-4:]) or "—"
             t.add_row(fmt.ms(g["start_ms"]), fmt.ms(g["ms"]), Text(safe(cause), style=_cause_style(g["cause"])),
                       safe(g.get("host_call") or "—"), safe(stack), safe(g.get("next") or "")[:60])
         c.print(t)
-        c.print("[dim]" + escape("; ".join(f"{k}: {GAP_CAUSE_LABELS[k]}" for k in by if k in GAP_CAUSE_LABELS)) + "[/dim]")
+        legend = Text()  # the cause legend: each cause shown, in its colour, and what it means
+        for i, k in enumerate(k for k in GAP_CAUSES if k in by):
+            legend.append("; " if i else "", style="dim")
+            legend.append(k, style=_cause_style(k))
+            legend.append(f": {GAP_CAUSE_LABELS[k]}", style="dim")
+        c.print(legend)
     steps = d.get("steps") or []
     before = [(s, w) for s in steps[:50] for w in (s.get("waits") or []) if w.get("where") == "before" and w["ms"] >= 1.0]
     if before:
