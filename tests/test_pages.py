@@ -46,7 +46,7 @@ def _text(c) -> str:
 def test_card_for_people():
     (c,) = F.symptom_cards_data({"symptoms": [MOE], "phases": [], "latency": {}})
     assert [m["text"] for m in c["measured"]] == [
-        "moe kernel time / kernel time (decode steps): 70.6 %",
+        "moe busy time / kernel busy time (decode steps): 70.6 %",  # the catalog's label (category busy unions)
         "sum of kernel durations (decode steps): 10.67 ms",
         "MBU (model bandwidth utilization) (decode steps): not available",
         "launch-gap share of GPU window (decode steps): 0.0 %",
