@@ -223,6 +223,7 @@ def flatten(report: Report | Mapping[str, Any], device: int | None = None, inclu
     else:
         out["model.weight_bits"] = None
     _trace(report, out)
+    _layers(report, dev, main, out)
     if not include_unreliable:
         for name in unreliable_findings(report, dev):
             if name in out:
@@ -502,6 +503,38 @@ def _trace(report: Report, out: Findings) -> None:
         out["trace.bandwidth_above_peak"] = None
 
 
+def main_segmentation(report: Report, device: int | None, main: PhaseRow | None = None):
+    """The layer segmentation the ``layers.*`` findings describe: the device's main phase's
+    (``main``: :func:`main_row`), else its segmentation with the most forward time; None."""
+    segs = [s for s in report.layer_segmentation if s.device == device]
+    if not segs:
+        return None
+    if main is not None:
+        hit = [s for s in segs if s.phase == main.name]
+        if hit:
+            return hit[0]
+    return max(segs, key=lambda s: s.forward_ms)
+
+
+_CONFIDENCE = {"high": 3, "medium": 2, "low": 1}
+
+
+def _layers(report: Report, dev: int | None, main: PhaseRow | None, out: Findings) -> None:
+    """``layers.*`` (the main phase's segmentation) and ``coverage.*`` of the device."""
+    seg = main_segmentation(report, dev, main)
+    out["layers.count"] = seg.layers if seg is not None else None
+    out["layers.expected"] = seg.expected_layers if seg is not None else None
+    out["layers.confidence"] = _CONFIDENCE.get(seg.confidence) if seg is not None else None
+    out["layers.agreement"] = seg.agreement.get("structural") if seg is not None else None
+    out["layers.max_ratio"] = seg.max_ratio if seg is not None else None
+    out["layers.max_ratio_layer"] = seg.max_ratio_layer if seg is not None else None
+    out["layers.max_ratio_excess_ms"] = seg.max_ratio_excess_ms if seg is not None else None
+    out["layers.max_ratio_excess_share"] = div(seg.max_ratio_excess_ms, seg.forward_ms) if seg is not None else None
+    cov = next((c for c in report.coverage if c.device == dev), None)
+    for k in ("forward_share", "unattributed_ms", "graph_kernel_share", "graph_forward_share", "graph_op_share", "op_share"):
+        out[f"coverage.{k}"] = num(getattr(cov, k)) if cov is not None else None
+
+
 def quality_counts(report: Report) -> dict[str, int | float]:
     """``{code: count}`` of a report's quality issues (1 for an issue without a count; codes
     sanitized to finding-name segments, see :func:`sanitize_code`)."""
@@ -572,6 +605,15 @@ def labels(report: Report | Mapping[str, Any], device: int | None = None) -> dic
     hb = [g for g in longest if g.cause == "host_blocked"]
     if hb:
         out["all.longest_host_blocked_call"] = max(hb, key=lambda g: g.duration_ms).host_call or "an unnamed call"
+    seg = main_segmentation(report, select_device(report, device), main)
+    if seg is not None:
+        out["layers.source"] = {"modules": "nn.Module frames", "ranges": "record_function/NVTX ranges",
+                                "capture": "the capture trace", "structural": "the kernel sequence"}[seg.source]
+        if seg.max_ratio_class is not None:
+            out["layers.max_ratio_class"] = seg.max_ratio_class
+            row = next((r for r in report.layers if r.device == seg.device and r.phase == seg.phase
+                        and r.layer == seg.max_ratio_layer), None)
+            out["layers.max_ratio_type"] = (row.layer_type if row is not None and row.layer_type else "decoder")
     return out
 
 

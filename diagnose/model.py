@@ -471,6 +471,91 @@ class KernelRow(Record, kw_only=True):
     shapes_unknown: str | None
 
 
+# ---------------------------------------------------------------- layers
+
+
+LayerPart = Literal["pre", "layer", "post"]
+LayerSource = Literal["modules", "ranges", "capture", "structural"]
+Confidence = Literal["high", "medium", "low"]
+
+
+class LayerRow(Record, kw_only=True):
+    """One row of the layer x op-class table (README "Layers"): a decoder layer of one phase
+    on one device, or the forward's ``pre`` (embedding...) or ``post`` (final norm, LM head,
+    sampler) part, summed over the phase's forwards. Kernel time only (memcpy/memset are not
+    kernels). ``ratio_to_type_median``: the layer's time over the median layer of its type;
+    ``class_ratio``: each op class's time over that class's median among the type's layers
+    (types with at least three layers)."""
+
+    device: int
+    phase: str
+    part: LayerPart
+    layer: int | None
+    layer_type: str | None
+    forwards: int
+    kernel_ms: float
+    kernel_count: int
+    op_class_ms: dict[str, float]
+    flops: float | None
+    bytes: float | None
+    achieved_tflops: float | None
+    achieved_tbps: float | None
+    costed_share: Share | None
+    type_median_ms: float | None
+    ratio_to_type_median: float | None
+    class_ratio: dict[str, float]
+
+
+class LayerSegmentation(Record, kw_only=True):
+    """How the layers of one phase on one device were found, and how sure that is; the layer
+    furthest from its type's median (``max_ratio``: in total or in one op class)."""
+
+    device: int
+    phase: str
+    source: LayerSource
+    confidence: Confidence
+    basis: str
+    layers: int
+    expected_layers: int | None
+    forwards: int
+    layer_class: str | None
+    layer_types: list[str]
+    period_kernels: int | None
+    agreement: dict[str, Share]
+    forward_ms: float
+    layers_ms: float
+    pre_ms: float
+    post_ms: float
+    type_medians_ms: dict[str, float]
+    max_ratio: float | None
+    max_ratio_layer: int | None
+    max_ratio_class: str | None
+    max_ratio_excess_ms: float | None
+    notes: list[str]
+
+
+class Coverage(Record, kw_only=True):
+    """How much of one device's kernel time the report can attribute: to the forward's
+    layers (and its pre/post rows), to operators, and what graph replays hide. ``text`` is the
+    line every view prints."""
+
+    device: int
+    kernel_ms: float
+    forward_ms: float
+    layers_ms: float
+    forward_share: Share | None
+    unattributed_ms: float
+    previous_step_ms: float
+    graph_kernel_ms: float
+    graph_kernel_share: Share | None
+    graph_forward_share: Share | None
+    graph_op_share: Share | None
+    op_share: Share | None
+    source: LayerSource | None
+    layers: int
+    text: str
+
+
 # ---------------------------------------------------------------- verdicts
 
 
@@ -589,6 +674,9 @@ class Report(Record, kw_only=True):
     model: ModelInfo | None
     kernel_table: list[KernelRow]
     critical_path: PathSection | UnsetType = UNSET
+    coverage: list[Coverage] = []
+    layer_segmentation: list[LayerSegmentation] = []
+    layers: list[LayerRow] = []
     capture: Capture | UnsetType = UNSET
     headline: Headline | None | UnsetType = UNSET
     symptoms: list[Symptom] | UnsetType = UNSET

@@ -30,6 +30,7 @@ from diagnose.analyzers import (
     kernels,
     launches,
     latency,
+    layers,
     phases,
     phasestats,
     timeline,
@@ -46,7 +47,7 @@ from diagnose.trace.model import Trace
 #: The analyzer modules, in the order :func:`analyze` runs them (categories and timeline are
 #: libraries the others call: phasestats and activities).
 ANALYZERS = (phases, launches, activities, waits, latency, attainment, tracetype, collectives, phasestats, kernels,
-             critpath, timeline, categories)
+             critpath, layers, timeline, categories)
 
 __all__ = ["ANALYZERS", "Analysis", "AnalysisOptions", "Finding", "SCHEMA_VERSION", "analyze", "report_steps",
            "step_records"]
@@ -100,6 +101,7 @@ def analyze(trace: Trace, options: AnalysisOptions | None = None, capture: Captu
     graph.cache["host_causes"] = w.host
     graph.cache["collective_wait_ns"] = coll.wait_ns[graph.row] if len(coll.wait_ns) else np.zeros(graph.n, np.int64)
     paths = critpath.step_paths(graph, steps, w.t0_ns)
+    lay = layers.layer_section(trace, acts.frame, prep.inputs.spec, kt.per_kernel)
     shown = report_steps(steps)
     report = Report(
         schema_version=SCHEMA_VERSION,
@@ -116,7 +118,10 @@ def analyze(trace: Trace, options: AnalysisOptions | None = None, capture: Captu
         model=prep.model,
         kernel_table=kt.rows,
         critical_path=critpath.path_section(paths, steps, w.t0_ns),
+        coverage=lay.coverage,
+        layer_segmentation=lay.segmentation,
+        layers=lay.rows,
         **({} if kt.capture is None else {"capture": kt.capture}),
     )
     return Analysis(report=report, trace=trace, activities=acts.frame, steps=shown, kernel_frame=kt.table,
-                    host_index=w.host, t0_ns=w.t0_ns, paths=paths)
+                    host_index=w.host, t0_ns=w.t0_ns, paths=paths, layer_frame=lay.frame)

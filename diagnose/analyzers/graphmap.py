@@ -58,9 +58,10 @@ class OpSources:
 
 def map_graph(g: pd.DataFrame, name_codes: np.ndarray, names: np.ndarray, captures: Sequence[CaptureMapping],
                step_bs: np.ndarray | None, src: np.ndarray, inst: np.ndarray, origin: np.ndarray,
-               sources: OpSources, stats: dict) -> None:
+               sources: OpSources, stats: dict, modules: np.ndarray | None = None) -> None:
     """Fill ``src``/``inst``/``origin`` (per activity of ``g``, in place) for graph-replayed
-    activities that a capture window explains.
+    activities that a capture window explains; ``modules`` (when given, per activity): the
+    capture's ``nn.Module`` path of each replayed kernel (:attr:`CaptureWindow.modules`).
 
     A replay (one graph launch: the activities sharing its correlation id, in start order) and
     a window match when they have the same length and the same kernel names in order, or the
@@ -161,6 +162,8 @@ def map_graph(g: pd.DataFrame, name_codes: np.ndarray, names: np.ndarray, captur
             inst[pos_act] = inst_next + np.arange(len(ls))[:, None] * n_call + np.asarray(win.op_call, dtype=np.int64)[perm]
             inst_next += len(ls) * n_call
             origin[pos_act] = np.where(has_op & has_dims, ORIGIN_CAPTURE, np.where(has_op, ORIGIN_CAPTURE_NODIMS, ORIGIN_NO_OP))
+            if modules is not None and win.modules:  # the capture's module path of each replayed kernel
+                modules[pos_act] = np.asarray(win.modules, dtype=object)[perm]
             mapped += len(ls)
             unverified += 0 if verified else len(ls)
     stats["graph_launches_matched"] = mapped

@@ -240,7 +240,8 @@ def _pick_ops(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | None = None,
                  capture: CaptureMapping | Sequence[CaptureMapping] | None = None,
-                 steps: pd.DataFrame | None = None, moe: MoeLayerBytes | None = None) -> pd.DataFrame:
+                 steps: pd.DataFrame | None = None, moe: MoeLayerBytes | None = None,
+                 per_kernel: dict | None = None) -> pd.DataFrame:
     """The per-kernel efficiency table of ``activities`` (kernels only; memcpy/memset are not
     kernels): the steps' rows first, then phase ``unknown`` (work no step claims), each sorted
     by ``total_ms`` descending.
@@ -262,6 +263,8 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
             (:func:`diagnose.analyzers.attainment.moe_layer_bytes`, from the model config;
             indexed like ``steps``): kernels of MoE op calls get expected bytes
             (:func:`moe_kernel_bytes`; cost_model "moe"). None: MoE rows have no bytes.
+        per_kernel: a dict to fill with the per-kernel arrays of :func:`_per_kernel` (rows, op,
+            flops, bytes, module); per-layer time reads them.
 
     Returns:
         DataFrame, one row per (device, phase, op, input_dims, input_types, kernel, origin),
@@ -355,7 +358,24 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
         "op_source": np.array([ORIGIN_SOURCE.get(int(o)) for o in r_orig], dtype=object),
         "shapes_unknown": np.array([SHAPES_UNKNOWN.get(int(o)) for o in r_orig], dtype=object),
     }
+    _per_kernel(per_kernel, k, ksrc, n_src, cols, gid, row_flops, row_bytes, fk, bk, links.modules)
     return _frame(data, korigin, cap_stats, trace.source_format)
+
+
+def _per_kernel(out: dict | None, k: np.ndarray, ksrc: np.ndarray, n_src: int, cols: list, gid: np.ndarray,
+                row_flops: np.ndarray, row_bytes: np.ndarray, fk: np.ndarray, bk: np.ndarray,
+                modules: np.ndarray | None) -> None:
+    """Fill ``out`` (:func:`kernel_table`'s ``per_kernel``; nothing when None) with per-kernel
+    arrays (kernels only): rows (their positions in the activities), op (launching operator
+    name or None), flops and bytes (apportioned; NaN where the kernel's row has none) and module
+    (the capture trace's module path of a graph-replayed kernel, else None)."""
+    if out is None:
+        return
+    name_c, name_u = cols[0]
+    op_of = np.asarray(name_u, dtype=object)[name_c[np.maximum(ksrc, 0)]] if n_src else np.full(len(k), None, object)
+    out.update(rows=k, op=np.where(ksrc >= 0, op_of, None), flops=np.where(np.isnan(row_flops[gid]), np.nan, fk),
+               bytes=np.where(np.isnan(row_bytes[gid]), np.nan, bk),
+               module=modules[k] if modules is not None else np.full(len(k), None, dtype=object))
 
 
 def _row_sum(gid: np.ndarray, per_kernel: np.ndarray, n_rows: int) -> np.ndarray:
@@ -432,6 +452,7 @@ class _OpLinks:
     origin: np.ndarray
     sources: OpSources
     cap_stats: dict | None
+    modules: np.ndarray | None = None  # per activity: the capture's module path of a replayed kernel
 
 
 def _link_ops(trace: Trace, g: pd.DataFrame, capture, steps: pd.DataFrame | None) -> _OpLinks:
@@ -472,6 +493,7 @@ def _link_ops(trace: Trace, g: pd.DataFrame, capture, steps: pd.DataFrame | None
     if not nsys:
         origin[graph & (src < 0)] = ORIGIN_GRAPH_NO_CAPTURE
     cap_stats = None
+    modules = None
     if capture is not None and not nsys:
         caps = [capture] if isinstance(capture, CaptureMapping) else list(capture)
         cap_stats = {"files": [c.path for c in caps], "batch_sizes": [c.batch_size for c in caps],
@@ -480,10 +502,11 @@ def _link_ops(trace: Trace, g: pd.DataFrame, capture, steps: pd.DataFrame | None
                      "notes": [n for c in caps for n in c.notes]}
         if names is None:
             names = _names_of(g, name_codes)
-        map_graph(g, name_codes, names, caps, step_padded_sizes(steps), src, inst, origin, sources, cap_stats)
+        modules = np.full(n_all, None, dtype=object)
+        map_graph(g, name_codes, names, caps, step_padded_sizes(steps), src, inst, origin, sources, cap_stats, modules)
         origin[origin == ORIGIN_GRAPH_NO_CAPTURE] = ORIGIN_GRAPH_UNMATCHED
 
-    return _OpLinks(name_codes, names, src, inst, origin, sources, cap_stats)
+    return _OpLinks(name_codes, names, src, inst, origin, sources, cap_stats, modules)
 
 
 def _op_keys(sources: OpSources) -> tuple[int, list, np.ndarray, int, np.ndarray]:
@@ -700,6 +723,7 @@ class KernelSection:
     rows: list[KernelRow]
     capture: Capture | None = None
     notes: tuple[QualityIssue, ...] = ()
+    per_kernel: dict = dataclasses.field(default_factory=dict)
 
 
 def kernel_section(trace: Trace, activities: pd.DataFrame, steps: pd.DataFrame, peak: GpuPeak | None,
@@ -709,7 +733,8 @@ def kernel_section(trace: Trace, activities: pd.DataFrame, steps: pd.DataFrame, 
     ``graph_kernels_no_launch`` issue, is then reworded to say how many it mapped); ``moe``
     (:func:`diagnose.analyzers.attainment.moe_layer_bytes`) gives MoE kernels their expected
     expert bytes."""
-    kt = kernel_table(trace, activities, peak, capture, steps, moe=moe)
+    per_kernel: dict = {}
+    kt = kernel_table(trace, activities, peak, capture, steps, moe=moe, per_kernel=per_kernel)
     notes: tuple[QualityIssue, ...] = ()
     if capture is not None and graph_note is not None:
         reworded = _reword_graph_note(activities, kt, graph_note)
@@ -720,7 +745,7 @@ def kernel_section(trace: Trace, activities: pd.DataFrame, steps: pd.DataFrame, 
     cap = None
     if capture is not None:
         cap = Capture(**(kt.attrs.get("capture") or {})) if kt.attrs.get("capture") else Capture(path=capture.path)
-    return KernelSection(kt, rows, cap, notes)
+    return KernelSection(kt, rows, cap, notes, per_kernel)
 
 
 def _reword_graph_note(g: pd.DataFrame, kt: pd.DataFrame, q: QualityIssue) -> QualityIssue | None:

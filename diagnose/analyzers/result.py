@@ -37,6 +37,9 @@ class Analysis:
         t0_ns: the trace start every ``start_ms`` counts from.
         paths: the critical paths (:class:`~diagnose.analyzers.critpath.Paths`, with the
             dependency graph they were walked on): the what-if and the web timeline use them.
+        layer_frame: per kernel activity (index = its position in ``activities``): forward,
+            part (0 outside a forward, 1 pre, 2 layer, 3 post), layer and op_class codes
+            (:func:`diagnose.analyzers.layers.layer_section`); None without kernels.
     """
 
     report: Report
@@ -47,6 +50,7 @@ class Analysis:
     host_index: Any = None
     t0_ns: int = 0
     paths: Any = None
+    layer_frame: pd.DataFrame | None = None
 
     # the report's sections, for callers that read an analysis like a report
     @property

@@ -36,6 +36,8 @@ class _CEvent(msgspec.Struct, gc=False):
     name: Any = None
     ts: Any = None
     dur: Any = None
+    pid: Any = None
+    tid: Any = None
     args: _CArgs | None = None
 
 
@@ -56,6 +58,10 @@ class CaptureWindow:
             ``Input type``, ``Concrete Inputs`` JSON bytes; None where no op.
         op_call: per launch, an int numbering the op call within the window (launches of one
             call share it).
+        modules: per launch, the ``nn.Module`` frames open on the launching thread, outermost
+            first, joined by ``" > "`` (``"Qwen3Model_0 > Qwen3DecoderLayer_3 > ..."``), None
+            without frames (a capture recorded without with_modules, or a compiled graph
+            whose frames name no layer).
     """
 
     kinds: tuple[str, ...]
@@ -65,6 +71,7 @@ class CaptureWindow:
     op_types: tuple[bytes | None, ...]
     op_concrete: tuple[bytes | None, ...]
     op_call: tuple[int, ...]
+    modules: tuple[str | None, ...] = ()
 
 
 @dataclass
@@ -111,6 +118,34 @@ def _sidecar(path: str) -> tuple[int | None, str | None]:
 
 
 _CAPTURE_ANN = re.compile(r"^capture_(\d+)_([A-Z]+)$")
+_MODULE = "nn.Module: "
+
+
+def _module_paths(launches: list, frames: list) -> list[str | None]:
+    """Per launch (in ``launches`` order), the ``nn.Module`` frames open on its thread when it
+    was called, outermost first, joined by ``" > "``; None without one. Frames of a thread nest
+    (a Python call stack), so one sweep in time order with a stack of open frames finds them."""
+    out: list[str | None] = [None] * len(launches)
+    if not frames:
+        return out
+    by_thread: dict[Any, list] = {}
+    for f in frames:
+        if isinstance(f.dur, (int, float)):
+            by_thread.setdefault((f.pid, f.tid), []).append((float(f.ts), 0, float(f.ts) + f.dur, f.name[len(_MODULE):]))
+    for i, ev in enumerate(launches):
+        if (ev.pid, ev.tid) in by_thread:
+            by_thread[(ev.pid, ev.tid)].append((float(ev.ts), 1, float(ev.ts) + (ev.dur or 0), i))
+    for items in by_thread.values():
+        items.sort(key=lambda x: (x[0], x[1], -x[2]))  # frames before a launch at the same time, outer first
+        stack: list[tuple[float, str]] = []
+        for ts, kind, end, what in items:
+            while stack and stack[-1][0] < ts:
+                stack.pop()
+            if kind == 0:
+                stack.append((end, what))
+            elif stack:
+                out[what] = " > ".join(name for _, name in stack)
+    return out
 
 
 def load_capture_mapping(capture_trace: str) -> CaptureMapping:
@@ -136,7 +171,7 @@ def load_capture_mapping(capture_trace: str) -> CaptureMapping:
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as e:
         raise TraceFormatError(f"{capture_trace}: not a Kineto trace with traceEvents ({e})") from None
     ops: dict[int, tuple[float, _CEvent]] = {}
-    begins, ends, launches, bs_ann = [], [], [], []
+    begins, ends, launches, bs_ann, frames = [], [], [], [], []
     for ev in doc.traceEvents:
         cat, name = ev.cat, ev.name
         if not isinstance(name, str) or not isinstance(ev.ts, (int, float)):
@@ -157,6 +192,8 @@ def load_capture_mapping(capture_trace: str) -> CaptureMapping:
             m = _CAPTURE_ANN.match(name)
             if m:
                 bs_ann.append((int(m.group(1)), m.group(2)))
+        elif cat == "python_function" and name.startswith(_MODULE):
+            frames.append(ev)
     bs, mode = _sidecar(capture_trace)
     if bs is None and bs_ann:
         bs, mode = bs_ann[0]
@@ -164,6 +201,7 @@ def load_capture_mapping(capture_trace: str) -> CaptureMapping:
     begins.sort()
     ends.sort()
     launches.sort(key=lambda e: e.ts)
+    paths = _module_paths(launches, frames)
     lts = np.array([e.ts for e in launches], dtype=np.float64)
     lend = np.array([e.ts + (e.dur or 0) for e in launches], dtype=np.float64)
     j = 0
@@ -193,7 +231,7 @@ def load_capture_mapping(capture_trace: str) -> CaptureMapping:
             conc.append(_raw(oa.concrete) if oa is not None else None)
             call.append(call_ids.setdefault(x if op is not None else ("launch", int(i)), len(call_ids)))
         out.windows.append(CaptureWindow(tuple(kinds), tuple(kernels), tuple(names), tuple(dims), tuple(types),
-                                         tuple(conc), tuple(call)))
+                                         tuple(conc), tuple(call), tuple(paths[i] for i in sel)))
     if not begins:
         out.notes.append("no StreamBeginCapture in the trace: not a graph-capture trace")
     return out

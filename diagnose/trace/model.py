@@ -50,6 +50,11 @@ hashes a name string again.
     read from them (:mod:`diagnose.analyzers.pyframes`), and the critical path names host
     frames with them (:mod:`diagnose.analyzers.hostpath`); nsys exports have none.
 
+``Trace.modules`` (a view, not a frame of its own) — the ``nn.Module`` frames of a
+    with_modules trace: the rows of ``python_frames`` named ``nn.Module: <Class>_<k>``, same
+    columns. Per-layer time reads the model's structure from them
+    (:mod:`diagnose.analyzers.layers`).
+
 ``overhead`` — profiler overhead the tracer itself recorded (Kineto ``"cat": "overhead"``:
     CUPTI/roctracer "Activity Buffer Request", "Lazy Function Loading"...): name (categorical),
     start_ns, end_ns, pid, tid (int64). nsys: its ``PROFILER_OVERHEAD`` table ("CUPTI Buffer
@@ -142,6 +147,8 @@ PYTHON_FRAME_COLUMNS = {
     "pid": "int64",
     "tid": "int64",
 }
+#: The name prefix of an ``nn.Module`` frame in ``python_frames`` (``Trace.modules``).
+MODULE_FRAME_PREFIX = "nn.Module: "
 #: The frames of a :class:`Trace` (attribute name -> column contract).
 FRAMES = {"gpu": GPU_COLUMNS, "runtime": RUNTIME_COLUMNS, "cpu_ops": CPU_OP_COLUMNS, "annotations": ANNOTATION_COLUMNS,
           "gpu_syncs": SYNC_COLUMNS, "overhead": OVERHEAD_COLUMNS, "python_frames": PYTHON_FRAME_COLUMNS}
@@ -362,3 +369,15 @@ class Trace:
     @property
     def has_gpu_activity(self) -> bool:
         return len(self.gpu) > 0
+
+    @property
+    def modules(self) -> pd.DataFrame:
+        """The ``nn.Module`` frames of a with_modules trace: the rows of :attr:`python_frames`
+        whose name starts with ``"nn.Module: "`` (same columns, time order kept); empty
+        without with_modules (and in nsys exports). A view computed on each access (one
+        prefix test per distinct name), so it always follows :attr:`python_frames`."""
+        pf = self.python_frames
+        if not len(pf):
+            return pf
+        hit = per_unique(pf["name"], lambda n: isinstance(n, str) and n.startswith(MODULE_FRAME_PREFIX))
+        return pf[hit].reset_index(drop=True)

@@ -42,7 +42,7 @@ def _clip(trace: Trace) -> None:
     if len(g) == 0:
         return
     med = int(np.median(g["start_ns"].to_numpy()))
-    for attr in ("gpu", "runtime", "annotations", "gpu_syncs", "overhead"):
+    for attr in ("gpu", "runtime", "annotations", "gpu_syncs", "overhead", "python_frames"):
         f = getattr(trace, attr)
         if len(f) == 0:
             continue
