@@ -2,7 +2,8 @@
 
 ``write_html(analysis_or_report, path)`` renders the same content as the app's pages —
 the headline banner, where the GPU waited, symptom cards, rules not evaluated,
-prefill-vs-decode table, gap statistics, timeline with the host lane, category breakdown,
+prefill-vs-decode table, gap statistics, timeline with the host lane, the coverage line and
+the layer heat strip (click a cell: its kernels are highlighted on the timeline), category breakdown,
 roofline, the kernel table, top kernels, data-quality warnings —
 from the pure builders in :mod:`diagnose.app.figures`. The timeline is the full-range figure
 (aggregated to ``max_points`` elements for big traces); zooming in the file rescales it but
@@ -11,6 +12,7 @@ does not re-render detail (that needs ``diagnose serve``).
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -20,6 +22,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from diagnose.app import figures as F
+from diagnose.app import layerstrip as LS
 from diagnose.app.causeview import legend_entries, waits_causes
 from diagnose.app.timeline import host_lane, legend_causes, prepare_timeline, timeline_figure
 from diagnose.hardware import describe_devices, describe_peak
@@ -62,7 +65,7 @@ def _fig(fig: go.Figure, div_id: str) -> str:
 
 
 def render_html(report: Mapping, activities=None, *, title: str | None = None, max_points: int = 20000, host=None,
-                host_index=None, path=None, t0_ns: int | None = None) -> str:
+                host_index=None, path=None, t0_ns: int | None = None, layer_frame=None) -> str:
     """The whole report as one HTML document (string), from the Jinja2 template
     ``app/templates/report.html.j2`` (autoescaped: names from the trace are text, never markup).
     ``t0_ns``: the trace start (``Analysis.t0_ns``), the timeline's origin as of every ``start_ms``."""
@@ -97,6 +100,12 @@ def render_html(report: Mapping, activities=None, *, title: str | None = None, m
         if w["rows"]:
             waits.append({**w, "device": d, "idle_text": F.fmt_value(w["idle_ms"], "ms")})
     td = prepare_timeline(activities, dict(report), host, host_index, path, t0_ns=t0_ns) if activities is not None else None
+    timeline = None
+    if td is not None:
+        tfig = timeline_figure(td, max_points=max_points)
+        tfig.add_trace(LS.highlight_trace())  # the layer strip's clicks fill it
+        timeline = _fig(tfig, "timeline-graph")
+    strip = LS.strip_data(report, layer_frame, activities, td)
     kern = [{**k, "total_text": F.fmt_value(k["total_ms"]), "mean_text": F.fmt_value(k["mean_us"]),
              "share_text": F.fmt_value(k["share"], "share")} for k in F.kernels_table_data(report, activities, limit=60)]
     return _template().render(
@@ -120,7 +129,11 @@ def render_html(report: Mapping, activities=None, *, title: str | None = None, m
         not_evaluated=F.not_evaluated_data(report),
         not_evaluated_none="none reported" if report.get("not_evaluated") is not None else "not available",
         phase_tables=phase_tables,
-        timeline=_fig(timeline_figure(td, max_points=max_points), "timeline-graph") if td is not None else None,
+        timeline=timeline,
+        coverage=LS.coverage_texts(report),
+        layer_strip=_fig(LS.strip_figure(strip), "layer-strip") if strip is not None else None,
+        layer_strip_cells=json.dumps(strip["cells"] if strip is not None else {}).replace("</", "<\\/"),
+        layer_click_js=LS.CLICK_JS,
         categories=_fig(F.categories_figure(report), "categories-graph"),
         attention=[{**a, "ms_text": F.fmt_value(a["attention_ms"], "ms")} for a in F.attention_rows(report)],
         roofline=_fig(F.roofline_figure(report), "roofline-graph"),
@@ -147,7 +160,7 @@ def write_html(analysis_or_report: Any, path: str | os.PathLike, *, title: str |
     Returns:
         The path written.
     """
-    host = hx = lane = None
+    host = hx = lane = lf = None
     if isinstance(analysis_or_report, Mapping):
         report, acts = dict(analysis_or_report), None
     else:
@@ -162,8 +175,9 @@ def write_html(analysis_or_report: Any, path: str | os.PathLike, *, title: str |
         from diagnose.app.pathlane import path_lane
 
         lane = path_lane(getattr(analysis_or_report, "paths", None))
+        lf = getattr(analysis_or_report, "layer_frame", None)
     text = render_html(report, acts, title=title, max_points=max_points, host=host, host_index=hx, path=lane,
-                       t0_ns=None if acts is None else getattr(analysis_or_report, "t0_ns", None))
+                       t0_ns=None if acts is None else getattr(analysis_or_report, "t0_ns", None), layer_frame=lf)
     p = Path(path)
     p.write_text(text, encoding="utf-8")
     return p

@@ -9,7 +9,8 @@ Pages (path -> element ids for tests):
 * ``/`` Overview: ``overview-banner``, ``key-numbers``, ``symptom-card-<id>``,
   ``not-evaluated``, ``quality-list``.
 * ``/phases``: ``phases-table-<device>``, ``gaps-table-<device>``.
-* ``/timeline``: ``timeline-graph`` (zoom re-renders full detail for the range).
+* ``/timeline``: ``timeline-graph`` (zoom re-renders full detail for the range), ``coverage``,
+  ``layer-strip`` (a click on a cell zooms the timeline to its kernels and highlights them).
 * ``/kernels``: ``categories-graph``, ``attention-share``, ``kernels-grid``.
 * ``/roofline``: ``roofline-graph``, ``roofline-note``.
 * ``/kv``: KV-cache calculator, ``kv-output``.
@@ -20,13 +21,13 @@ Navigation links are ``nav-overview``, ``nav-phases``, ``nav-timeline``, ``nav-k
 ``trace-select`` dropdown, whose values are indices into the traces given on the command
 line: no URL or callback input ever names a file.
 
-Callbacks are thin: each calls a pure ``*_view``/``render_*`` function of this module (or a
-builder of :mod:`diagnose.app.figures`) that the tests call directly.
+Callbacks are thin: each calls a pure ``*_view``/``render_*`` function of this module (the
+timeline page's in :mod:`diagnose.app.timelinepage`, or a builder of
+:mod:`diagnose.app.figures`) that the tests call directly.
 """
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import os
 import re
@@ -40,10 +41,12 @@ from dash import Input, Output, State, dcc, html
 
 from diagnose.app import hostcheck
 from diagnose.app import figures as F
+from diagnose.app import layerstrip as LST
 from diagnose.app.cards import cause_legend, symptom_card  # noqa: F401  (re-exported)
 from diagnose.app.causeview import legend_entries, waits_causes
 from diagnose.app.pagetext import distinct_labels
-from diagnose.app.timeline import TimelineData, host_lane, legend_causes, parse_relayout, prepare_timeline, timeline_figure
+from diagnose.app.timeline import TimelineData, host_lane, prepare_timeline
+from diagnose.app.timelinepage import timeline_highlight, timeline_page, timeline_zoom
 from diagnose.hardware import describe_devices, describe_peak
 from diagnose.app.compare_view import compare_output, compare_page
 from diagnose.app.widgets import table as _table
@@ -117,8 +120,10 @@ class TraceEntry:
     host_index: Any = None
     path_lane: Any = None  # the critical-path lane (diagnose.app.pathlane.path_lane)
     t0_ns: int | None = None  # the trace start (Analysis.t0_ns): the timeline's origin, as the report's start_ms
+    layer_frame: pd.DataFrame | None = None
     _timeline: TimelineData | None = field(default=None, repr=False)
     _kernels: list | None = field(default=None, repr=False)
+    _strip: Any = field(default=False, repr=False)  # False: not computed yet
 
     @property
     def timeline(self) -> TimelineData:
@@ -126,6 +131,14 @@ class TraceEntry:
             self._timeline = prepare_timeline(self.activities, self.report, self.host, self.host_index, self.path_lane,
                                               t0_ns=self.t0_ns)
         return self._timeline
+
+    @property
+    def strip(self) -> dict | None:
+        """The layer heat strip's data (:func:`diagnose.app.layerstrip.strip_data`), once."""
+        if self._strip is False:
+            self._strip = LST.strip_data(self.report, self.layer_frame, self.activities,
+                                         self.timeline if self.activities is not None else None)
+        return self._strip
 
     @property
     def kernels(self) -> list[dict]:
@@ -200,7 +213,7 @@ def build_state(paths: Sequence[str], analyses: Sequence | None = None, *, verdi
     entries = []
     for i, (p, a) in enumerate(zip(paths, analyses)):
         label = names[i]
-        hx = lane = t0 = None
+        hx = lane = t0 = lf = None
         if isinstance(a, Mapping):
             report, acts, host = dict(a), None, None
         else:
@@ -215,10 +228,11 @@ def build_state(paths: Sequence[str], analyses: Sequence | None = None, *, verdi
             hx = getattr(a, "host_index", None)
             lane = path_lane(getattr(a, "paths", None))
             t0 = getattr(a, "t0_ns", None)
+            lf = getattr(a, "layer_frame", None)
         if verdicts:
             ensure_verdicts(report, ruleset)
         entries.append(TraceEntry(key=str(i), label=label, path=p, report=report, activities=acts, host=host, host_index=hx,
-                                  path_lane=lane, t0_ns=t0))
+                                  path_lane=lane, t0_ns=t0, layer_frame=lf))
     if not entries:
         raise ValueError("create_app needs at least one trace")
     return AppState(entries, ruleset)
@@ -338,20 +352,6 @@ def gaps_table(report: Mapping, device: Any) -> html.Table:
                      f"{cnt.get('unattributed', 0)} / {F.fmt_value(ms.get('unattributed'), 'ms')}"])
     return _table(["phase", "GPU window", "idle share", "launch gaps (n / total)", "launch gap p50", "launch gap p99",
                    "graph gaps", "other gaps", "unattributed gaps"], body, id=f"gaps-table-{device}")
-
-
-def timeline_page(entry: TraceEntry, max_points: int = 20000) -> html.Div:
-    fig = timeline_figure(entry.timeline, max_points=max_points)
-    return html.Div([
-        html.H2("GPU timeline"),
-        html.P("One row per device:stream; the idle row shows each gap on the device (all streams merged) in the "
-               "colour of its cause (the causes legend below: the cause table's colours, as on the overview). The top row shows steps "
-               "coloured by phase; the host row what the host was doing: step markers, and runtime calls of 20 µs or "
-               "more (blocking calls in the host_blocked colour), so a gap lines up with the call it waited on. Drag "
-               "to zoom: the zoomed range is re-rendered in full detail; double-click to reset.", className="dg-muted"),
-        cause_legend(legend_entries(legend_causes(entry.timeline)), "timeline-cause-legend"),
-        dcc.Loading(_graph("timeline-graph", fig), type="default"),
-    ])
 
 
 def kernels_page(entry: TraceEntry) -> html.Div:
@@ -621,36 +621,18 @@ def render_page(state: AppState, pathname: str | None, trace_key: Any) -> html.D
     return html.Div(build() if build else not_found_page(path), className="dg-page")
 
 
-def timeline_zoom(state: AppState, relayout: dict | None, trace_key: Any, max_points: int = 20000):
-    """Figure for a timeline relayout event, or ``dash.no_update`` when the x axis did not change.
-
-    The range comes from the browser: one that is not two finite numbers, or lies wholly
-    outside the trace, gives the whole trace with a note on the figure; a range reaching
-    past the trace is clipped to one trace span on either side."""
-    action, rng = parse_relayout(relayout if isinstance(relayout, dict) else None)
-    if action == "none":
-        return dash.no_update
-    td = state.get(trace_key).timeline
-    note = None
-    if action == "zoom":
-        span_ms = max(int(getattr(td, "span_ns", 0) or 0), 1) / 1e6
-        lo, hi = sorted(rng)
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            rng, note = None, "zoom ignored: the range was not two finite numbers"
-        elif hi < 0 or lo > span_ms:
-            rng, note = None, f"zoom ignored: the range lies outside the trace (0 to {span_ms:,.3f} ms)"
-        else:
-            rng = [max(lo, -span_ms), min(hi, 2 * span_ms)]
-    fig = timeline_figure(td, max_points=max_points, x_range=rng if action == "zoom" else None)
-    if note is not None:
-        fig.add_annotation(text=note, xref="paper", yref="paper", x=0, y=1.06, showarrow=False,
-                           font={"color": "#c62828"}, name="zoom-note")
-    return fig
-
-
 def nav_classes(pathname: str | None) -> list[str]:
     path = ((pathname if isinstance(pathname, str) else None) or "/").rstrip("/") or "/"
     return ["active" if href == path else "" for _, href, _ in PAGES]
+
+
+def timeline_update(state: AppState, triggered, relayout: dict | None, click: dict | None, trace_key, max_points: int = 20000):
+    """The timeline callback's figure; ``triggered``: the prop ids that changed. Dash sends
+    props that change together in one request, so a click on the layer strip can come with the
+    timeline's own relayout (the autosize of a page just drawn): the click then wins."""
+    if "layer-strip.clickData" in (triggered or ()):
+        return timeline_highlight(state, click, trace_key, max_points)
+    return timeline_zoom(state, relayout, trace_key, max_points)
 
 
 # -- app factory -----------------------------------------------------------------------------
@@ -709,9 +691,9 @@ def create_app(paths: Sequence[str], analyses: Sequence | None = None, *, title:
         return nav_classes(pathname)
 
     @app.callback(Output("timeline-graph", "figure"), Input("timeline-graph", "relayoutData"),
-                  State("trace-select", "value"), prevent_initial_call=True)
-    def _timeline_zoom(relayout, trace_key):
-        return timeline_zoom(state, relayout, trace_key, max_points)
+                  Input("layer-strip", "clickData"), State("trace-select", "value"), prevent_initial_call=True)
+    def _timeline_zoom(relayout, click, trace_key):
+        return timeline_update(state, dash.callback_context.triggered_prop_ids, relayout, click, trace_key, max_points)
 
     @app.callback([Output(f"kv-{k}", "value") for k, _ in _KV_FIELDS], Input("kv-preset", "value"),
                   prevent_initial_call=True)

@@ -171,11 +171,14 @@ def main() -> None:
               help="Also write the JSON report to this file.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the report as one self-contained HTML file (opens offline).")
+@click.option("--layers", "show_layers", is_flag=True,
+              help="Print the whole layer x op-class table (the coverage line and a layer summary are always printed).")
 @analysis_options
 @rule_options
 @guarded
 def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: str, scheduler: str | None, fmt: str,
-                phase_alias: tuple[str, ...], out_path: str | None, html_path: str | None, **shared) -> None:
+                phase_alias: tuple[str, ...], out_path: str | None, html_path: str | None, show_layers: bool = False,
+                **shared) -> None:
     """Analyse a trace and print the report; with several traces (--trace repeated or
     --trace-dir), analyse them in parallel and print one row per rank with stragglers marked.
 
@@ -237,7 +240,7 @@ def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: s
     if fmt == "text":
         from diagnose.report.terminal import render
 
-        render(analysis)
+        render(analysis, layers=show_layers)
         if html_path:
             click.echo(f"HTML report: {html_path}")
 

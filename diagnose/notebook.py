@@ -8,6 +8,7 @@
     >>> r.gaps.sort_values("ms", ascending=False).head()     # every idle gap, with its cause
     >>> r.kernels.head()                                      # which kernel to tune
     >>> r.findings["decode.launch_gap_share"]                 # the numbers the rules read
+    >>> r.layers[["phase", "layer", "kernel_ms", "attention", "mlp"]]   # per-layer time
 
 :func:`analyze_trace` takes the same options as the command line (``--model-config`` is
 ``model_config=...``, see :class:`~diagnose.options.AnalysisOptions`) plus the rule options
@@ -95,6 +96,31 @@ class Report:
         TFLOP/s and TB/s against the device peak); the report keeps its top rows."""
         kt = self.analysis.kernel_frame
         return kt.copy() if kt is not None else pd.DataFrame()
+
+    @cached_property
+    def layers(self) -> pd.DataFrame:
+        """The layer x op-class table (README "Layers"): one row per (device, phase, part,
+        layer) with ``kernel_ms``, one column per op class (ms; ``qkv``, ``attention``,
+        ``o_proj``, ``mlp``, ``norm``, ``communication``, ``embedding``, ``lm_head``,
+        ``sampler``, ``other``), the attainment columns, ``ratio_to_type_median`` and, per
+        op class, ``<class>_ratio`` (over the class's median among the layers of the type)."""
+        from diagnose.analyzers.layerseg import OP_CLASSES
+
+        recs = []
+        for r in self.report.get("layers") or []:
+            rec = {k: v for k, v in r.items() if k not in ("op_class_ms", "class_ratio")}
+            for c in OP_CLASSES:
+                rec[c] = (r.get("op_class_ms") or {}).get(c, 0.0)
+            for c, v in (r.get("class_ratio") or {}).items():
+                rec[f"{c}_ratio"] = v
+            recs.append(rec)
+        return pd.DataFrame(recs)
+
+    @cached_property
+    def coverage(self) -> pd.DataFrame:
+        """One row per device: kernel time attributed to the forward's layers and to
+        operators, graph-replayed time, and the coverage line (``text``)."""
+        return pd.DataFrame(self.report.get("coverage") or [])
 
     @cached_property
     def gaps(self) -> pd.DataFrame:

@@ -57,13 +57,17 @@ def steps_line(d: dict[str, Any]) -> str | None:
             + " and ".join(_EVIDENCE_WORDS.get(e, e) for e in ev))
 
 
-def render(analysis: Analysis, console: Console | None = None) -> None:
-    """Print the analysis to ``console`` (stdout by default)."""
-    render_report(analysis.to_dict(), console, metadata=analysis.metadata)
+def render(analysis: Analysis, console: Console | None = None, layers: bool = False) -> None:
+    """Print the analysis to ``console`` (stdout by default); ``layers``: with the whole
+    layer x op-class table."""
+    render_report(analysis.to_dict(), console, metadata=analysis.metadata, layers=layers)
 
 
-def render_report(d: dict[str, Any], console: Console | None = None, metadata: dict | None = None) -> None:
+def render_report(d: dict[str, Any], console: Console | None = None, metadata: dict | None = None,
+                  layers: bool = False) -> None:
     """Print a JSON report (``Analysis.to_dict()`` with verdicts)."""
+    from diagnose.report import layers_text
+
     c = _console(console)
     c.print(Text(safe(f"diagnose — {d['source']['path']}  ({d['source']['format']})"), style="bold"))
     if d.get("partial"):
@@ -105,8 +109,10 @@ def render_report(d: dict[str, Any], console: Console | None = None, metadata: d
         ne = len(d.get("not_evaluated") or [])
         tail = f" ({ne} rule(s) not evaluated for lack of inputs: see below)" if ne else ""
         c.print(Text("No symptom rule fired." + tail, style="green"))
-
     _render_path(c, d)
+    layers_text.render_summary(c, d, table_hint=not layers)
+    if layers:
+        layers_text.render_table(c, d)
 
     t = Table(title="Phases (per device)", header_style="bold")
     for col in ("phase", "device", "steps", "own ms", "wall ms", "GPU busy ms", "idle share", "launch-gap share",
