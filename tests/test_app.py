@@ -782,9 +782,10 @@ def test_write_html_is_self_contained(vllm, tmp_path):
     assert "<script src=" not in text  # nothing fetched: opens offline
     for needle in ('id="overview-banner"', 'id="symptom-card-S3-launch-gaps"', 'id="phases-table-2"',
                    'id="timeline-graph"', 'id="categories-graph"', 'id="roofline-graph"', 'id="kernels-table"',
-                   'id="quality-list"', "HIGH: 2 symptoms fired", "graph_kernels_no_launch"):
+                   'id="quality-list"', "HIGH: 2 symptoms fired", "graph_kernels_no_launch", 'id="coverage"',
+                   'id="layer-strip"'):
         assert needle in text, needle
-    assert text.count("Plotly.newPlot(") == 3
+    assert text.count("Plotly.newPlot(") == 4  # timeline, layer strip, categories, roofline
 
 
 def test_render_html_from_report_dict_has_no_timeline(tiny):

@@ -231,10 +231,10 @@ def test_p16_a_400kb_kernel_name_classifies_in_linear_time():
 
 def _every_pattern():
     """Every pattern this project applies to names a trace controls."""
-    from diagnose.analyzers import depgraph, gapcause, hostcause, hostpath, kernels, launches, moebytes, tracetype
-    from diagnose.trace import capture
+    from diagnose.analyzers import (depgraph, gapcause, hostcause, hostpath, kernels, launches, layerframes, layerseg,
+                                    moebytes, tracetype)
     from diagnose.tables import category_table, gpu_table, host_call_table, marker_table
-    from diagnose.trace import apis, kineto_columns, nsys, nsys_tables
+    from diagnose.trace import apis, capture, kineto_columns, nsys, nsys_tables
 
     out = [(f"category {r.category}", re.compile(r.pattern, re.I)) for r in category_table().categories]
     out += [(f"marker {g.name}", re.compile(g.pattern)) for g in marker_table().grammars]
@@ -243,11 +243,14 @@ def _every_pattern():
     out += [(n, getattr(m, n)) for m, names in (
         (apis, ("_GRAPH_LAUNCH", "_LAUNCH", "_MEMCPY", "_MEMSET", "_SYNC")),
         (moebytes, ("EXPERT_GEMM_KERNEL", "_NOT_EXPERT_GEMM")), (kernels, ("_SEQ_GROUP",)), (capture, ("_CAPTURE_ANN",)),
+        (layerframes, ("LAYER_RANGE", "_SUFFIX", "_ATTN_MOD", "_MLP_MOD", "_NORM_MOD", "_EMBED_MOD", "_NOT_EMBED",
+                       "_SAMPLER_MOD", "_HEAD_MOD")),
         (launches, ("INDUCTOR_KERNEL", "FUSED_ATTENTION_KERNEL", "_CAPTURE_CALL")),
         (tracetype, ("_CAPTURE",)), (gapcause, ("_WAIT_CALL",)), (hostcause, ("_PROFILER_STEP",)),
         (kineto_columns, ("_RANK_PID",)), (nsys_tables, ("_VERSION_SUFFIX",)), (nsys, ("_DATA_LOSS",)),
         (depgraph, ("SYNC_CALL", "WAIT_CALL")), (hostpath, ("LIBRARY_FRAME", "_SYNC_LIKE"))) for n in names]
     out += [("nsys sync", rx) for rx, _ in nsys_tables._API_SYNC]
+    out += [(f"layer op role {role}", rx) for role, rx in layerseg._OP_ROLES]
     try:
         from diagnose.app import timeline
     except ImportError:  # the [app] extra

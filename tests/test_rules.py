@@ -52,7 +52,7 @@ EXPECTED_IDS = {
     "attention-share-long-prompt", "decode-at-bandwidth-limit", "decode-not-fed",
     "latency-regression", "prefill-short-prompt-mfu", "speculative-acceptance-low",
     "comm-exposed", "elementwise-dominated", "h2d-copies-dominate", "host-blocking-wait", "mixed-step-decode-stall",
-    "moe-kernel-bound", "prefill-mfu-low", "small-kernel-tax",
+    "moe-kernel-bound", "prefill-mfu-low", "small-kernel-tax", "layer-outlier",
     "S3-host-bound", "host-compute", "compile-guard", "data-loading", "first-call-setup", "host-blocked", "collective-wait",
     "cold-start",
 }
@@ -672,4 +672,4 @@ def test_packaged_rules_pass_schema_validation():
     strict = load_rules(validate=True)
     fast = load_rules()
     assert [r.id for r in strict] == [r.id for r in fast]
-    assert len(strict) == len(EXPECTED_IDS) == 35
+    assert len(strict) == len(EXPECTED_IDS) == 36
