@@ -313,16 +313,14 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
     row_flops, row_bytes = _row_sum(gid, fk, n_rows), _row_sum(gid, bk, n_rows)
     # row attributes from the first kernel of each row
     fk_i = first
-    r_src = ksrc[fk_i]
-    r_orig = korigin[fk_i]
+    r_src, r_orig = ksrc[fk_i], korigin[fk_i]
     if names is None:
         names = _names_of(g, name_codes)
     kernel_names = names[kname[fk_i]]
     cat = g["category"].take(k[fk_i]).to_numpy(dtype=object) if "category" in g else np.full(n_rows, None, dtype=object)
     op_name, op_dims, op_types = (_row_op_column(r_src, n_src, codes, uniques) for codes, uniques in cols[:3])
     tflops, tbps, ai, share = _rates(row_flops, row_bytes, total_ns, phase_ns[fk_i])
-    pk_f = peak.dense_fp16_tflops if peak is not None else None
-    pk_b = peak.memory_bandwidth_tbps if peak is not None else None
+    pk_f, pk_b = (peak.dense_fp16_tflops, peak.memory_bandwidth_tbps) if peak is not None else (None, None)
     ridge = peak.ridge_flop_per_byte if peak is not None else None
     r_model, r_note = _row_models(cost_model[ck_c[fk_i]], cost_note[ck_c[fk_i]].copy(), k_model, k_note, k_layer, fk_i, gid)
     if pk_f or pk_b:

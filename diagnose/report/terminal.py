@@ -179,6 +179,11 @@ def render_report(d: dict[str, Any], console: Console | None = None, metadata: d
     if kt:
         _render_kernel_table(c, kt)
 
+    _render_tail(c, d)
+
+
+def _render_tail(c: Console, d: dict[str, Any]) -> None:
+    """The rules not evaluated and the data-quality issues."""
     if d.get("not_evaluated"):
         c.print(Text(safe("Rules not evaluated: " + "; ".join(
             f"{n['id']} ({n.get('reason') or 'missing ' + ', '.join(n.get('missing') or [])})" for n in d["not_evaluated"])),
