@@ -34,6 +34,10 @@ class GpuPeak:
         aliases: regexes matched case-insensitively against trace device names.
         dense_fp16_tflops: dense FP16/BF16 tensor-core peak, TFLOP/s; None if unknown.
         dense_fp8_tflops: dense FP8 tensor-core peak, TFLOP/s; None where the part has none.
+        fp32_tflops: FP32 peak without tensor cores (NVIDIA CUDA-core SIMT; AMD CDNA FP32
+            matrix), TFLOP/s; None if unpublished.
+        tf32_tflops: dense TF32 tensor-core peak, TFLOP/s; None where the part has none.
+        precision_source: the document the fp32/tf32 figures come from.
         memory_bandwidth_tbps: peak device-memory bandwidth, TB/s; None if unknown.
         memory_gb: memory capacity label in GB; None if unknown.
         source: vendor document the figures come from.
@@ -58,6 +62,21 @@ class GpuPeak:
     note: str | None = None
     overrides: tuple[str, ...] = ()
     selection: str = ""
+    fp32_tflops: float | None = None
+    tf32_tflops: float | None = None
+    precision_source: str = ""
+
+    def peak_tflops_for(self, dtype: str | None) -> float | None:
+        """The compute peak (TFLOP/s) work of ``dtype`` runs against (:data:`diagnose.vocab.DTYPES`):
+        ``fp32`` the FP32 peak without tensor cores, ``tf32`` the TF32 tensor peak, ``fp16``/
+        ``bf16`` (and None: unknown) the dense FP16/BF16 tensor peak, ``fp8`` the FP8 peak;
+        ``fp4``/``int8`` the FP8 peak where the part has one (the table has no FP4/INT8
+        column; Blackwell's FP4 is 2x its FP8), else FP16/BF16. A dtype whose peak the table
+        lacks falls back to the FP16/BF16 peak."""
+        by = {"fp32": self.fp32_tflops, "tf32": self.tf32_tflops, "fp8": self.dense_fp8_tflops,
+              "fp4": self.dense_fp8_tflops, "int8": self.dense_fp8_tflops}
+        v = by.get(dtype) if dtype is not None else None
+        return v if v else self.dense_fp16_tflops
 
     @property
     def ridge_flop_per_byte(self) -> float | None:
@@ -115,6 +134,9 @@ def load_gpu_table() -> tuple[GpuPeak, ...]:
             source=r.source,
             source_url=r.source_url,
             note=None if r.note is None else r.note.strip(),
+            fp32_tflops=r.fp32_tflops,
+            tf32_tflops=r.tf32_tflops,
+            precision_source=r.precision_source,
         )
         for r in gpu_table().gpus
     )

@@ -88,6 +88,9 @@ class GpuRow(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     aliases: list[str]
     dense_fp16_tflops: float
     dense_fp8_tflops: Optional[float]
+    fp32_tflops: Optional[float]
+    tf32_tflops: Optional[float]
+    precision_source: str
     memory_bandwidth_tbps: float
     memory_gb: float
     source: str
@@ -140,7 +143,7 @@ def load_table(filename: str, kind: Any):
                 raise DiagnoseError(f"diagnose/data/{filename}: row {r.name!r}: aliases must not be empty")
             for a in r.aliases:
                 _compile(a, f"diagnose/data/{filename}: row {r.name!r}", re.IGNORECASE)
-            for k in ("dense_fp16_tflops", "memory_bandwidth_tbps", "memory_gb", "dense_fp8_tflops"):
+            for k in ("dense_fp16_tflops", "memory_bandwidth_tbps", "memory_gb", "dense_fp8_tflops", "fp32_tflops", "tf32_tflops"):
                 v = getattr(r, k)
                 if v is not None and not v > 0:
                     raise DiagnoseError(f"diagnose/data/{filename}: row {r.name!r}: {k} must be a positive number")

@@ -655,32 +655,45 @@ def test_harmless_keys_are_ignored() -> None:
 # -- step_cost: the analysis' per-step price ------------------------------------------
 
 
-def _analytic_step_reference(spec, weight_dtype, kv_dtype, lm_head, phase, batch, tokens, kv_tokens):
-    """diagnose/analyzers/attainment.py's _analytic_step before step_cost, verbatim in substance."""
+def _engine_step_reference(spec, weight_dtype, kv_dtype, lm_head, phase, batch, tokens, kv_tokens):
+    """The engine convention of step_cost derived from the config fields alone: linear layers
+    for every token, the LM head for the sampled rows only (decode: each sequence; prefill
+    "last": each prompt, "all": each position; mixed without request counts: each
+    sequence), the untied embedding table gathered (T rows of H 16-bit elements), not
+    streamed and not a matmul; attention over the KV tokens (decode) or causal prompts split
+    equally (prefill); a mixed step without per-sequence sums has no attention term."""
+    h, v, L = spec.hidden_size, spec.vocab_size, spec.num_hidden_layers
+    untied = 0 if spec.tie_word_embeddings else v * h
+    head = v * h
+    body = spec.params_total - untied - head
     wb = weight_bytes(spec, weight_dtype)
+    emb_bytes = model_weights(spec, weight_dtype).embedding_bytes
     kvb = kv_bytes_per_token(spec, kv_dtype)
+    attn_pair = 4 * spec.num_attention_heads * spec.head_dim
     if phase == "decode":
         if not batch:
             return None, None
-        flops = 2 * spec.params_total * batch
-        if kv_tokens:
-            flops += 4 * spec.num_attention_heads * spec.head_dim * kv_tokens * spec.num_hidden_layers
-            return float(flops), float(wb + kv_tokens * kvb)
-        return float(flops), None
+        flops = 2 * body * batch + 2 * head * batch
+        if not kv_tokens:
+            return float(flops), None
+        flops += attn_pair * kv_tokens * L
+        return float(flops), float(wb - emb_bytes + batch * h * 2 + kv_tokens * kvb)
     if phase == "prefill":
         if not batch or not tokens:
             return None, None
         seq = max(1, tokens // batch)
-        pf = prefill_flops(spec, seq, batch, lm_head=lm_head)
-        return float(pf.flops_total_causal), float(wb + tokens * kvb)
+        rows = batch if lm_head == "last" else tokens
+        flops = 2 * body * tokens + 2 * head * rows + L * batch * attn_pair * seq * seq // 2
+        return float(flops), float(wb - emb_bytes + tokens * h * 2 + tokens * kvb)
     if phase == "mixed" and tokens:
-        return float(2 * spec.params_total * tokens), float(wb + (tokens + (kv_tokens or 0)) * kvb)
+        rows = batch or tokens
+        return float(2 * body * tokens + 2 * head * rows), float(wb - emb_bytes + tokens * h * 2 + (tokens + (kv_tokens or 0)) * kvb)
     return None, None
 
 
 @pytest.mark.parametrize("cfg", ["ref", "qwen3", "small", "tied"])
 @pytest.mark.parametrize("dtypes", [("bf16", "bf16"), ("fp32", "fp32"), ("int4", "bf16"), ("int8", "int8")])
-def test_step_cost_is_exactly_the_dense_formula(cfg: str, dtypes: tuple[str, str]) -> None:
+def test_step_cost_is_exactly_the_engine_formula(cfg: str, dtypes: tuple[str, str]) -> None:
     spec = {"ref": lambda: ModelSpec.from_hf_config(REF_CFG),
             "qwen3": lambda: ModelSpec.from_hf_config(json.loads((DATA / "qwen3_0_6b_config.json").read_text())),
             "small": small, "tied": lambda: small(tie_word_embeddings=True)}[cfg]()
@@ -691,20 +704,38 @@ def test_step_cost_is_exactly_the_dense_formula(cfg: str, dtypes: tuple[str, str
     for phase in ("decode", "prefill", "mixed", "unknown"):
         for lm_head in ("last", "all"):
             for batch, tokens, kv_tokens in shapes:
-                want = _analytic_step_reference(spec, wd, kd, lm_head, phase, batch, tokens, kv_tokens)
+                want = _engine_step_reference(spec, wd, kd, lm_head, phase, batch, tokens, kv_tokens)
                 got = step_cost(spec, phase, batch=batch, tokens=tokens, kv_tokens=kv_tokens,
                                 weight_dtype=wd, kv_dtype=kd, lm_head=lm_head)
                 assert (got.flops, got.bytes) == want, (phase, lm_head, batch, tokens, kv_tokens)
+                if got.flops is not None:  # the terms add up to the totals
+                    assert sum(t.flops or 0 for t in got.terms) == got.flops
+                if got.bytes is not None:
+                    assert sum(t.bytes or 0 for t in got.terms) == pytest.approx(got.bytes, rel=1e-12)
+
+
+def test_step_cost_reference_decode_drops_the_embedding_matmul() -> None:
+    """docs/prefill-decode.md section 2's reference config, batch 1: the article's 2 * P = 13.44
+    GFLOP per token counts the 524,288,000-parameter embedding table as a matmul; the engine
+    gathers one row: 2 * (6,719,275,008 - 524,288,000) = 12,389,974,016 FLOP, and reads the
+    weights without the table: 13,438,550,016 - 1,048,576,000 + 8,192 B."""
+    spec = ModelSpec.from_hf_config(REF_CFG)
+    c = step_cost(spec, "decode", batch=1, kv_tokens=0)
+    assert c.flops == 12_389_974_016
+    c = step_cost(spec, "decode", batch=1, kv_tokens=2048)
+    assert c.bytes == 13_438_550_016 - 1_048_576_000 + 4096 * 2 + 2048 * 131_072
 
 
 def test_step_cost_gpt_oss_decode_expert_reading_1() -> None:
     """expert_readings.md section 1: gpt-oss-20b decode, batch 32, 55,086 KV tokens, MI300X 5.3 TB/s:
-    the reading's ~14.0 GB -> 2.65 ms. Our convention also counts the embedding table."""
+    the reading's ~14.0 GB -> 2.65 ms."""
     s = load_model_config("gpt-oss-20b")
     c = step_cost(s, "decode", batch=32, kv_tokens=55_086)
-    # non-expert bf16: 2 * (attention 637,009,920 + routers 2,211,840 + embedding and LM head
-    # 1,158,266,880) = 3,594,977,280 B
-    assert c.weight_bytes == 3_594_977_280
+    # non-expert bf16 weights read: 2 * (attention 637,009,920 + routers 2,211,840 params) + the
+    # LM head 201,088 x 2,880 x 2 B = 1,158,266,880; the embedding table (as large again) is
+    # gathered, not streamed: 32 rows of 2,880 bf16 = 184,320 B
+    assert c.weight_bytes == 3_594_977_280 - 1_158_266_880 == 2_436_710_400
+    gather = 32 * 2880 * 2
     # experts: E_touched = 32 * (1 - (28/32)^32) = 31.5539 of 32; one expert 3*2880*2880 * 4.25/8
     # = 13,219,200 B; 24 layers -> 24 * 31.5539 * 13,219,200 = 10,010,823,557 B
     touched = 32 * (1 - (28 / 32) ** 32)
@@ -713,11 +744,11 @@ def test_step_cost_gpt_oss_decode_expert_reading_1() -> None:
     # KV: 12 full layers * 2 * 8 * 64 * 2 B = 24,576 B/token * 55,086 = 1,353,793,536; 12 sliding
     # layers * 2,048 B * 32 sequences * min(55,086 / 32 = 1,721.4, 128) = 100,663,296
     assert c.kv_bytes == 1_353_793_536 + 100_663_296
-    assert c.bytes == 3_594_977_280 + 10_010_823_557 + 1_454_456_832 == 15_060_257_669
-    assert round(c.bytes / 5.3e12 * 1e3, 2) == 2.84  # ms
-    # The reading's 14.0 GB: no embedding table (1,158,266,880), no routers (4,423,680), all 32
-    # experts read (+ (32 - 31.554) * 24 * 13,219,200 = 141,522,043 B) -> 14,039,089,152 B, 2.65 ms
-    reading = c.bytes - 1_158_266_880 - 4_423_680 + (32 - touched) * 24 * 13_219_200
+    assert c.bytes == 2_436_710_400 + gather + 10_010_823_557 + 1_454_456_832 == 13_902_175_109
+    assert round(c.bytes / 5.3e12 * 1e3, 2) == 2.62  # ms
+    # The reading's 14.0 GB: no routers (4,423,680), no gathered rows, all 32 experts read
+    # (+ (32 - 31.554) * 24 * 13,219,200 = 141,522,043 B) -> 14,039,089,152 B, 2.65 ms
+    reading = c.bytes - gather - 4_423_680 + (32 - touched) * 24 * 13_219_200
     assert round(reading / 1e9, 1) == 14.0 and round(reading / 5.3e12 * 1e3, 2) == 2.65
     assert any("uniform, independent routing" in a for a in c.assumptions)
     assert any("mean kv_tokens / batch = 1,721.4" in a for a in c.assumptions)
@@ -748,9 +779,12 @@ def test_step_cost_moe_mixed_and_tp() -> None:
     c = step_cost(s, "mixed", batch=3, tokens=3, kv_tokens=30)
     assert c.experts_touched_per_layer == 3.5
     assert c.kv_bytes == 3 * 128 + 30 * 64 + 3 * 8 * 64
-    assert c.bytes == 67_584 + 2 * 3.5 * 49_152 + c.kv_bytes
-    assert c.flops == 2 * (33_792 + 98_304) * 3
+    # weights without the embedding table (100 x 64 bf16 = 12,800 B) + 3 gathered rows of 64
+    assert c.bytes == 67_584 - 12_800 + 3 * 64 * 2 + 2 * 3.5 * 49_152 + c.kv_bytes
+    # linear 20,992 + 2 of 4 experts 98,304 params per token; the LM head (6,400) for the 3
+    # sequences' sampled rows; no embedding matmul, no attention (no per-sequence sums)
+    assert c.flops == 2 * (20_992 + 98_304) * 3 + 2 * 6_400 * 3
     c2 = step_cost(s, "decode", batch=1, kv_tokens=5, tp=2)
     w2 = model_weights(s, tp=2)
-    assert c2.weight_bytes == w2.non_expert_bytes and any("tensor parallel 2" in a for a in c2.assumptions)
+    assert c2.weight_bytes == w2.non_expert_bytes - w2.embedding_bytes and any("tensor parallel 2" in a for a in c2.assumptions)
     assert step_cost(s, "decode", batch=None).flops is None

@@ -54,7 +54,9 @@ def test_decode_mbu_and_bound_ratio_from_metadata_config(kineto, tmp_path):
     a = analyze(_decode_trace(kineto, tmp_path), Options(bandwidth_tbps=2.0, peak_tflops=300.0))
     d = a.phase("decode")
     kv = 131_072  # bytes per token, bf16 (domain.md §2)
-    w = 13_438_550_016
+    # every weight but the untied embedding table (128,000 x 4,096 bf16 = 1,048,576,000 B),
+    # which the engine gathers: one row of 4,096 bf16 per step
+    w = 13_438_550_016 - 1_048_576_000 + 4096 * 2
     expected_bytes = 2 * w + (2048 + 2049) * kv
     assert d.bytes == expected_bytes
     assert d.bytes_source == "model config (trace metadata)"
@@ -72,7 +74,8 @@ def test_decode_mbu_and_bound_ratio_from_metadata_config(kineto, tmp_path):
 def test_flags_override_batch_and_context(kineto, tmp_path):
     a = analyze(_decode_trace(kineto, tmp_path, steps=1), Options(gpu="H100-SXM", batch=8, context=4096))
     d = a.phase("decode")
-    assert d.bytes == 13_438_550_016 + 8 * 4096 * 131_072
+    # weights without the embedding table, 8 gathered rows, 8 x 4,096 KV tokens
+    assert d.bytes == 13_438_550_016 - 1_048_576_000 + 8 * 4096 * 2 + 8 * 4096 * 131_072
     assert d.peak_tbps == 3.35
 
 
@@ -122,12 +125,14 @@ def test_nano_vllm_decode_mbu_with_config():
     d = a.phase("decode", 0)
     s = a.steps.iloc[0]
     assert (s["batch"], s["context"]) == (3, 17)  # 2-D linear M = 3 tokens; first QK^T keys = 17
-    # bytes = bf16 weights 1,191,968,768 + 3 x 17 KV tokens x 114,688 B
-    assert d.bytes == 1_191_968_768 + 3 * 17 * 114_688
+    # bytes = bf16 weights 1,191,968,768 (tied embeddings: the table is the LM head, read once)
+    # + 3 gathered rows of 1,024 bf16 + 3 x 17 KV tokens x 114,688 B
+    b = 1_191_968_768 + 3 * 1024 * 2 + 3 * 17 * 114_688
+    assert d.bytes == b
     # over the step's own time, 2.13884 ms: "faster than the bandwidth allows" on an RTX 4080
     # Laptop (0.432 TB/s) because the window holds a fragment of the forward...
-    assert d.mbu == pytest.approx((1_191_968_768 + 3 * 17 * 114_688) / 0.00213884 / 0.432e12, abs=5e-5)
-    assert d.bound_ratio == pytest.approx(0.00213884 / ((1_191_968_768 + 3 * 17 * 114_688) / 0.432e12), abs=5e-4)
+    assert d.mbu == pytest.approx(b / 0.00213884 / 0.432e12, abs=5e-5)
+    assert d.bound_ratio == pytest.approx(0.00213884 / (b / 0.432e12), abs=5e-4)
     # ...17 kernels, 2.6 % of a forward's FLOPs: flagged a fragment, MBU and bound not trusted
     assert d.forward_coverage == pytest.approx(0.0263, abs=5e-4)
     assert "fragment" in {q.code for q in a.quality}

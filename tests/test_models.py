@@ -21,7 +21,7 @@ from diagnose.accounting import (
 )
 from diagnose.cli import main
 
-NAMES = ("deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "llama-3.1-8b", "mixtral-8x7b", "qwen1.5-0.5b", "qwen3-8b")
+NAMES = ("deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "llama-3.1-8b", "mixtral-8x7b", "qwen1.5-0.5b", "qwen3-0.6b", "qwen3-8b")
 
 
 def test_the_shipped_set() -> None:

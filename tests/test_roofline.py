@@ -179,9 +179,12 @@ def test_parity_with_phase_attainment_when_present(kineto, tmp_path) -> None:
     peak = gpu_by_name("H100-SXM")
     inp = attainment.AttainmentInputs(spec=spec, spec_source="test", peak=peak)
     out = attainment.phase_attainment("decode", steps, inp, np.zeros(2, dtype=bool))
-    # decode bytes per step = 13,438,550,016 + kv_tokens * 131,072 (bf16); FLOPs 2 P B + 4 n_h d kv L
-    f = [2 * 6_719_275_008 * 8 + 4 * 32 * 128 * kv * 32 for kv in (16384, 16392)]
-    b = [13_438_550_016 + kv * 131_072 for kv in (16384, 16392)]
+    # engine FLOPs and bytes (README "Engine FLOPs"): the embedding table (V H = 524,288,000
+    # parameters) is a gather, no matmul: FLOPs 2 (P - V H) B + 4 n_h d kv L; bytes per step =
+    # 13,438,550,016 - 2 V H + the B gathered rows (B H bf16) + kv_tokens * 131,072
+    vh = 128000 * 4096
+    f = [2 * (6_719_275_008 - vh) * 8 + 4 * 32 * 128 * kv * 32 for kv in (16384, 16392)]
+    b = [13_438_550_016 - 2 * vh + 8 * 4096 * 2 + kv * 131_072 for kv in (16384, 16392)]
     r = roofline(f, b, 0.022, peak)
     for key in ("flops", "bytes", "achieved_tflops", "achieved_tbps", "mfu", "mbu", "arithmetic_intensity",
                 "bound", "bound_ratio", "peak_tflops", "peak_tbps"):

@@ -318,6 +318,54 @@ def decode_step(
 
 
 @dataclass(frozen=True)
+class SeqSums:
+    """Sums over the sequences of one engine step (vLLM v1 step markers
+    ``execute_T_context_N(sqA skB sqsqC sqskD)_generation_M(...)``, both groups added).
+
+    Attributes:
+        q_tokens: ``sum Sq``, the step's new (query) tokens.
+        kv_tokens: ``sum Sk``, keys per sequence (cached prefix + new) summed.
+        q_sq_sum: ``sum Sq**2``.
+        qk_sum: ``sum Sq*Sk``.
+    """
+
+    q_tokens: int
+    kv_tokens: int
+    q_sq_sum: int
+    qk_sum: int
+
+    @property
+    def causal_pairs(self) -> float:
+        """(query, key) pairs a causal kernel computes, summed over sequences: a query at
+        position ``Sk - Sq + i`` sees ``Sk - Sq + i + 1`` keys, so ``sum(Sq*Sk - Sq**2/2 +
+        Sq/2)`` (exact; one decode token: ``Sk``)."""
+        return self.qk_sum - self.q_sq_sum / 2 + self.q_tokens / 2
+
+
+@dataclass(frozen=True)
+class CostTerm:
+    """One term of a step's FLOPs and bytes, with where each number comes from.
+
+    Attributes:
+        name: "linear" (attention projections, dense MLPs, shared experts, routers),
+            "experts" (routed experts), "lm_head", "embedding" (a gather: bytes, no FLOPs),
+            "attention" (scores and weighted sum), "kv_cache" (KV read and written), or, from
+            operator shapes, "gemm" and "moe".
+        flops: FLOPs, or None when this term was not counted.
+        bytes: bytes, or None.
+        flops_source, bytes_source: "config" (model config x the step's tokens), "marker"
+            (the step marker's per-sequence sums or request counts), "shapes" (operator
+            ``Input Dims``), or None.
+    """
+
+    name: str
+    flops: float | None
+    bytes: float | None
+    flops_source: str | None
+    bytes_source: str | None
+
+
+@dataclass(frozen=True)
 class StepCost:
     """Analytic FLOPs and bytes of one engine step, on one tensor-parallel rank.
 
@@ -325,11 +373,14 @@ class StepCost:
         phase: "prefill" | "decode" | "mixed".
         flops: FLOPs of the step, or None when the step's shape is unknown.
         bytes: device-memory bytes of the step (weights read + KV read/written), or None.
-        weight_bytes: non-expert weights read (all weights for a dense model), bytes.
+        weight_bytes: non-expert weights read (all weights for a dense model), the untied
+            embedding table excluded (a gather reads its rows: the ``embedding`` term), bytes.
         expert_bytes: routed-expert weights read (experts touched), bytes; 0 for dense.
         kv_bytes: KV cache read and written, bytes; None when unknown.
         experts_touched_per_layer: expected experts touched per MoE layer, or None.
         assumptions: the modelling assumptions behind these numbers, one sentence each.
+        terms: the FLOP and byte terms (:class:`CostTerm`) that add up to ``flops`` and
+            ``bytes``.
     """
 
     phase: str
@@ -340,6 +391,7 @@ class StepCost:
     kv_bytes: float | None
     experts_touched_per_layer: float | None
     assumptions: tuple[str, ...] = field(default_factory=tuple)
+    terms: tuple[CostTerm, ...] = ()
 
 
 def _notes(spec: ModelSpec, w: ModelWeights, tokens: int | None, touched: float | None) -> list[str]:
@@ -365,6 +417,20 @@ def _notes(spec: ModelSpec, w: ModelWeights, tokens: int | None, touched: float 
     return notes
 
 
+#: Bytes of one embedding-table element (tables stay 16 bit under weight quantization).
+EMBEDDING_ELEMENT_BYTES = 2
+
+
+def _attention_pairs_flops(spec: ModelSpec, tp: int, seqs: SeqSums) -> float:
+    """Attention FLOPs of a step from its sequence sums: full layers the causal pairs,
+    sliding-window layers at most ``W`` keys per query (``min(W * sum Sq, causal pairs)``:
+    exact once every sequence is longer than the window)."""
+    per_pair = _attn_flops_per_pair(spec, tp)
+    pairs = seqs.causal_pairs
+    windows = spec.layer_windows or (None,) * spec.num_hidden_layers
+    return per_pair * sum(pairs if w is None else min(w * seqs.q_tokens, pairs) for w in windows)
+
+
 def step_cost(
     spec: ModelSpec,
     phase: str,
@@ -376,24 +442,34 @@ def step_cost(
     kv_dtype: str | None = None,
     tp: int = 1,
     lm_head: Literal["all", "last"] = "last",
+    seqs: SeqSums | None = None,
+    logit_rows: int | None = None,
 ) -> StepCost:
-    """Analytic FLOPs and bytes of one engine step from the model config, on one rank.
+    """FLOPs and bytes the engine runs in one step, from the model config, on one rank.
 
-    * ``decode`` (needs ``batch``): FLOPs ``2 * P * batch`` (P: parameters a token
-      multiplies, :attr:`ModelWeights.flop_params_per_token`) plus, when ``kv_tokens`` is
-      known, attention over ``kv_tokens`` keys; bytes (None without ``kv_tokens``) = weights
-      read (experts touched by ``batch`` tokens) + ``kv_tokens`` * KV bytes per token.
-    * ``prefill`` (needs ``batch`` and ``tokens``): FLOPs ``prefill_flops(spec, max(1,
-      tokens // batch), batch, lm_head).flops_total_causal``; bytes = weights read (experts
-      touched by ``tokens``) + ``tokens`` * KV bytes per token written.
-    * ``mixed`` (needs ``tokens``): FLOPs ``2 * P * tokens``; bytes = weights read (experts
-      touched by all ``tokens``) + (``tokens`` + ``kv_tokens``) * KV bytes per token.
+    Engine conventions (what serving engines compute, not the article's ``2 * P`` shortcut):
 
-    Sliding-window layers read min(context, window) tokens per sequence; with only
-    ``kv_tokens`` summed over a batch, the per-sequence context is taken as the mean
-    ``kv_tokens / batch`` (stated in ``assumptions``; unequal contexts make this an
-    over-count). For a dense unquantized model at tp 1 this is exactly the dense formula of
-    docs/prefill-decode.md sections 2-3 (weights + KV, ``2 * params_total`` per token).
+    * linear layers ``2 * P_body * T`` (``T`` the step's tokens: decode the batch, prefill
+      and mixed the new tokens; MoE: ``k`` experts per token, the ``experts`` term);
+    * the LM head ``2 * H * V`` per **sampled row** only: decode one per sequence, prefill
+      one per prompt (``lm_head="last"``; ``"all"`` every position, as a plain Hugging Face
+      forward does), mixed ``logit_rows`` (the marker's prefill + decode requests), else
+      one per sequence;
+    * the embedding as a gather: ``T * H`` 16-bit elements read, no FLOPs (the table is
+      not streamed);
+    * attention ``2 * n_h * (d_qk + d_v)`` per (query, key) pair: from ``seqs`` (the
+      marker's sums, :attr:`SeqSums.causal_pairs`) when given; else decode ``kv_tokens``
+      keys (one query per sequence), prefill an equal split of ``tokens`` over ``batch``
+      causal prompts (:func:`prefill_flops`); a mixed step without sums has no attention
+      term. Sliding-window layers cap the keys per query at the window.
+
+    Bytes: non-expert weights read once (embedding table excluded, LM head included) +
+    the gathered embedding rows + routed experts touched (:func:`experts_touched`) + KV read
+    (decode, mixed: ``kv_tokens``; sliding layers min(context, W) per sequence, the context
+    taken as the mean ``kv_tokens / batch``) and written (prefill, mixed: ``tokens``).
+
+    Each term is in ``terms`` with its source ("config"; "marker" where the marker's sums or
+    request counts give it).
 
     Args:
         spec: the model.
@@ -405,6 +481,8 @@ def step_cost(
         kv_dtype: KV-cache dtype, or None for the config's (bf16 when none).
         tp: tensor-parallel size.
         lm_head: prefill logits for "all" positions or the "last" one per sequence.
+        seqs: the step's per-sequence sums (attention pairs), optional.
+        logit_rows: rows the LM head computes (the marker's request count), optional.
 
     Returns:
         The step's cost; ``flops``/``bytes`` None where the shape is unknown.
@@ -414,63 +492,94 @@ def step_cost(
     """
     w = model_weights(spec, weight_dtype, tp)
     kvd = _kv_dtype(spec, kv_dtype, default="bf16")
+    table_free = w.non_expert_bytes - w.embedding_bytes  # the untied table is gathered, not streamed
+    shape = _step_tokens(phase, batch, tokens, lm_head, logit_rows)
+    if shape is None:
+        return StepCost(phase, None, None, float(table_free), 0.0, None, None, tuple(_notes(spec, w, None, None)))
+    t, rows, rows_source = shape
+    non_expert, expert, touched = _weights_read(w, t)
+    notes = _notes(spec, w, t, touched)
+    attn, attn_src = _attention_term(spec, tp, phase, batch, tokens, kv_tokens, lm_head, seqs, t, notes)
+    kv = _kv_term(spec, kvd, tp, phase, batch, tokens, kv_tokens, notes)
+    gather = t * w.hidden_size * EMBEDDING_ELEMENT_BYTES
+    linear = 2 * (w.body_active_params - w.expert_active_params) * t
+    experts = 2 * w.expert_active_params * t
+    head = 2 * w.lm_head_params * rows
+    terms = [CostTerm("linear", float(linear), float(table_free - w.lm_head_bytes), "config", "config"),
+             CostTerm("lm_head", float(head), float(w.lm_head_bytes), rows_source, "config"),
+             CostTerm("embedding", 0.0, float(gather), "config", "config")]
+    if w.moe_layers:
+        terms.append(CostTerm("experts", float(experts), float(expert), "config", "config"))
+    terms.append(CostTerm("attention", None if attn is None else float(attn), None, None if attn is None else attn_src, None))
+    terms.append(CostTerm("kv_cache", None, None if kv is None else float(kv), None, None if kv is None else "config"))
+    flops = float(linear + experts + head + (attn or 0))
+    nbytes = None if kv is None else float(non_expert - w.embedding_bytes + gather + expert + kv)
+    return StepCost(phase, flops, nbytes, float(table_free), float(expert),
+                    None if kv is None else float(kv), touched, tuple(notes), tuple(terms))
+
+
+def _step_tokens(phase: str, batch: int | None, tokens: int | None, lm_head: str,
+                 logit_rows: int | None) -> tuple[int, int, str] | None:
+    """(tokens the linear layers see, rows the LM head computes, the rows' source) of a step;
+    None when its shape is unknown."""
+    if phase == "decode" and batch:
+        return batch, batch, "config"
+    if phase == "prefill" and batch and tokens:
+        return tokens, (batch if lm_head == "last" else tokens), "config"
+    if phase == "mixed" and tokens:
+        return tokens, (logit_rows or batch or tokens), ("marker" if logit_rows else "config")
+    return None
+
+
+def _attention_term(spec: ModelSpec, tp: int, phase: str, batch, tokens, kv_tokens, lm_head: str,
+                    seqs: SeqSums | None, t: int, notes: list[str]) -> tuple[float | int | None, str]:
+    """(attention FLOPs, source) of a step: the marker's sums, else decode over ``kv_tokens``,
+    prefill over equal causal prompts; a mixed step without sums has none (noted)."""
+    if seqs is not None and seqs.q_tokens == t:
+        return _attention_pairs_flops(spec, tp, seqs), "marker"
+    if phase == "decode":
+        if not kv_tokens:
+            return None, "config"
+        if spec.layer_windows:
+            return _attention_keys_flops(spec, tp, batch, kv_tokens / batch), "config"
+        return _attn_flops_per_pair(spec, tp) * kv_tokens * spec.num_hidden_layers, "config"
+    if phase == "prefill":
+        return prefill_flops(spec, max(1, tokens // batch), batch, lm_head=lm_head, tp=tp).flops_attention_causal, "config"
+    notes.append("attention not counted: the step's per-sequence sums are unknown (no vLLM-style step marker)")
+    return None, "config"
+
+
+def _kv_term(spec: ModelSpec, kvd: str, tp: int, phase: str, batch, tokens, kv_tokens, notes: list[str]) -> float | int | None:
+    """KV-cache bytes of a step: read (decode, mixed: ``kv_tokens``; sliding layers at most
+    the window per sequence) and written (prefill, mixed: ``tokens``); None for a decode
+    step without ``kv_tokens``."""
     kvb = kv_bytes_per_token(spec, kvd, tp=tp)
     full, sliding = _kv_groups(spec, kvd, tp)
 
-    def none() -> StepCost:
-        return StepCost(phase, None, None, float(w.non_expert_bytes), 0.0, None, None, tuple(_notes(spec, w, None, None)))
-
-    def read_kv(n_seq: int | None, kv: int) -> tuple[float | int, list[str]]:
+    def read_kv(n_seq: int | None, kv: int) -> float | int:
         """KV bytes read for ``kv`` cached tokens over ``n_seq`` sequences (int when exact)."""
         total: float | int = kv * full
         if not sliding:
-            return total, []
+            return total
         if n_seq:
             mean = kv / n_seq
             for win, b in sliding:
                 total += n_seq * min(mean, win) * b
-            note = (
+            notes.append(
                 f"sliding-window layers ({spec.num_sliding_layers} of {spec.num_hidden_layers}): per-sequence context "
                 f"taken as the mean kv_tokens / batch = {mean:,.1f} tokens (unequal contexts make the sliding KV read "
-                "an over-count)"
-            )
-            return total, [note]
+                "an over-count)")
+            return total
         for _, b in sliding:
             total += kv * b
-        return total, ["sliding-window layers: batch unknown, so their KV read is not capped at the window (an over-count)"]
+        notes.append("sliding-window layers: batch unknown, so their KV read is not capped at the window (an over-count)")
+        return total
 
     if phase == "decode":
-        if not batch:
-            return none()
-        non_expert, expert, touched = _weights_read(w, batch)
-        notes = _notes(spec, w, batch, touched)
-        matmul = 2 * w.flop_params_per_token * batch
-        if not kv_tokens:
-            return StepCost(phase, float(matmul), None, float(non_expert), float(expert), None, touched, tuple(notes))
-        # int arithmetic where exact, one float conversion at the end (dense: the docs/prefill-decode.md numbers)
-        if spec.layer_windows:
-            flops: float | int = matmul + _attention_keys_flops(spec, tp, batch, kv_tokens / batch)
-        else:
-            flops = matmul + _attn_flops_per_pair(spec, tp) * kv_tokens * spec.num_hidden_layers
-        kv_read, more = read_kv(batch, kv_tokens)
-        return StepCost(phase, float(flops), float(non_expert + expert + kv_read), float(non_expert), float(expert),
-                        float(kv_read), touched, tuple(notes + more))
+        return read_kv(batch, kv_tokens) if kv_tokens else None
     if phase == "prefill":
-        if not batch or not tokens:
-            return none()
-        seq = max(1, tokens // batch)
-        pf = prefill_flops(spec, seq, batch, lm_head=lm_head, tp=tp)
-        non_expert, expert, touched = _weights_read(w, tokens)
-        kv = tokens * kvb
-        return StepCost(phase, float(pf.flops_total_causal), float(non_expert + expert + kv), float(non_expert),
-                        float(expert), float(kv), touched, tuple(_notes(spec, w, tokens, touched)))
-    if phase == "mixed" and tokens:
-        non_expert, expert, touched = _weights_read(w, tokens)
-        kv_read, more = read_kv(batch, kv_tokens or 0)
-        kv = tokens * kvb + kv_read
-        return StepCost(phase, float(2 * w.flop_params_per_token * tokens), float(non_expert + expert + kv),
-                        float(non_expert), float(expert), float(kv), touched, tuple(_notes(spec, w, tokens, touched) + more))
-    return none()
+        return tokens * kvb
+    return tokens * kvb + read_kv(batch, kv_tokens or 0)
 
 
 def decode_step_bound_s(bytes_per_step: int | float, bandwidth_tbps: float) -> float:

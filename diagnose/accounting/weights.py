@@ -188,6 +188,11 @@ class ModelWeights:
             params_total for a dense model at tp 1).
         body_active_params: decoder-layer parameters one token uses on one rank.
         lm_head_params: LM-head parameters on one rank.
+        expert_active_params: the routed-expert part of body_active_params (k experts per
+            MoE layer; 0 for dense).
+        expert_params: one routed expert of one layer on one rank (gate, up and down: 3 * H
+            * F_e / tp for a gated expert); 0 for dense.
+        hidden_size: H (the width of one embedding row).
     """
 
     tp: int
@@ -204,6 +209,9 @@ class ModelWeights:
     flop_params_per_token: int
     body_active_params: int
     lm_head_params: int
+    expert_active_params: int = 0
+    expert_params: int = 0
+    hidden_size: int = 0
 
     def expert_read_bytes(self, experts_touched_per_layer: float) -> int:
         """Bytes of routed experts read when ``experts_touched_per_layer`` of E are touched in
@@ -235,6 +243,8 @@ def _model_weights(spec: ModelSpec, override: str | None, tp: int) -> ModelWeigh
     flop_params = 0
     body_active = 0
     lm_params = 0
+    expert_active = 0
+    expert_one = 0
     top_k = spec.moe.num_experts_per_tok if spec.moe else 0
     for m, nlayers in _grouped_matrices(spec, tp):
         if m.role == "attention":
@@ -254,6 +264,8 @@ def _model_weights(spec: ModelSpec, override: str | None, tp: int) -> ModelWeigh
             active = m.out * m.inp * top_k * nlayers
             flop_params += active
             body_active += active
+            expert_active += active
+            expert_one += m.out * m.inp
             continue
         non_expert += bits
         flop_params += count
@@ -282,6 +294,9 @@ def _model_weights(spec: ModelSpec, override: str | None, tp: int) -> ModelWeigh
         flop_params_per_token=flop_params,
         body_active_params=body_active,
         lm_head_params=lm_params,
+        expert_active_params=expert_active,
+        expert_params=expert_one,
+        hidden_size=spec.hidden_size,
     )
 
 

@@ -35,36 +35,87 @@ import numpy as np
 import pandas as pd
 
 from diagnose import accounting
-from diagnose.accounting import ModelSpec
+from diagnose.accounting import CostTerm, ModelSpec
 from diagnose.analyzers.base import Notes, declared
 from diagnose.errors import DiagnoseError
 from diagnose.hardware import GpuPeak, peak_from_overrides
 from diagnose.model import Attainment, Device, Gpu, ModelInfo
+from diagnose.model import CostTerm as Term
 from diagnose.roofline import roofline
 from diagnose.trace.kineto import parse_input_dims
-from diagnose.trace.model import QualityIssue, Trace
+from diagnose.trace.model import QualityIssue, Trace, per_unique
 
-from diagnose.analyzers.opcost import FLOP_OPS, MoeLayerBytes, op_bytes, op_flops  # noqa: E402  (re-exported)
+from diagnose.analyzers.opcost import (  # noqa: E402  (re-exported)
+    FLOP_OPS, GEMM_OPS, MoeLayerBytes, SeqInfo, is_attention_op, is_moe_op, op_bytes, op_flops)
 
 
-def step_shape_flops(trace: Trace, steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """FLOPs and operand bytes from shapes per step, and the count of FLOP ops per step
-    (:mod:`diagnose.analyzers.opcost`; varlen attention ops get the step's sequence sums from
-    its markers, :func:`diagnose.analyzers.kernels.step_seq_infos`).
+#: Kinds of shape FLOPs per step (:func:`step_shape_flops`), the terms of an attainment
+#: whose FLOPs come from operator shapes.
+SHAPE_TERMS = ("gemm", "attention", "moe")
 
-    Returns:
-        (flops, operand_bytes, op_count), int64 arrays aligned with ``steps``.
+
+@dataclass(frozen=True)
+class ShapeFlops:
+    """FLOPs and operand bytes from operator shapes, per step (int64/float arrays aligned with
+    the step table).
+
+    Attributes:
+        flops: all FLOPs (the sum of the kinds).
+        by_kind: per kind of :data:`SHAPE_TERMS`, FLOPs.
+        bytes: operand bytes of the FLOP ops (GEMM/attention; no bytes for MoE ops).
+        count: FLOP ops counted.
+    """
+
+    flops: np.ndarray
+    by_kind: dict[str, np.ndarray]
+    bytes: np.ndarray
+    count: np.ndarray
+
+
+def moe_flops_per_token(inp: "AttainmentInputs | None") -> float | None:
+    """Routed-expert FLOPs one token costs in one MoE layer on one rank: ``2 * k * (one
+    expert's gate, up and down weights)`` from the model config; None without a MoE config."""
+    if inp is None or inp.spec is None or inp.spec.moe is None:
+        return None
+    try:
+        w = accounting.model_weights(inp.spec, inp.weight_dtype, inp.tp)
+    except DiagnoseError:
+        return None
+    return 2.0 * w.num_experts_per_tok * w.expert_params if w.expert_params else None
+
+
+def _moe_call_flops(dims: list | None, per_token: float | None) -> float | None:
+    """FLOPs of one MoE-layer call from its shapes: the tokens routed (first dimension of
+    its first input, ``vllm::moe_forward [[T, H], [T, E]]``) x :func:`moe_flops_per_token`."""
+    if per_token is None or not dims or not isinstance(dims[0], list) or len(dims[0]) != 2:
+        return None
+    t = dims[0][0]
+    return float(t * per_token) if isinstance(t, int) and not isinstance(t, bool) and 0 < t < 1 << 40 else None
+
+
+def step_shape_flops(trace: Trace, steps: pd.DataFrame, moe_per_token: float | None = None,
+                     seqs: list | None = None) -> ShapeFlops:
+    """FLOPs and operand bytes from shapes per step, by kind, and the count of FLOP ops per
+    step (:mod:`diagnose.analyzers.opcost`; varlen attention ops get the step's sequence sums
+    from its markers, :func:`diagnose.analyzers.kernels.step_seq_infos`). MoE-layer ops
+    (``vllm::moe_forward``) count ``T x moe_per_token`` (:func:`moe_flops_per_token`: their
+    expert weights are not in their shapes; without a MoE config they count nothing).
     """
     n = len(steps)
-    flops = np.zeros(n, dtype=np.int64)
+    by_kind = {k: np.zeros(n, dtype=np.float64) for k in SHAPE_TERMS}
     nbytes = np.zeros(n, dtype=np.int64)
     count = np.zeros(n, dtype=np.int64)
     ops = trace.cpu_ops
+    empty = ShapeFlops(np.zeros(n, dtype=np.float64), by_kind, nbytes, count)
     if n == 0 or len(ops) == 0:
-        return flops, nbytes, count
-    ops = ops[ops["name"].isin(FLOP_OPS)]
+        return empty
+    names_all = ops["name"]
+    keep = names_all.isin(FLOP_OPS).to_numpy() | per_unique(names_all, is_attention_op)
+    if moe_per_token is not None:
+        keep |= per_unique(names_all, is_moe_op)
+    ops = ops[keep]
     if len(ops) == 0:
-        return flops, nbytes, count
+        return empty
     ops = ops.sort_values(["tid", "start_ns", "end_ns"], ascending=[True, True, False], kind="stable")
     # Outermost only: an op is nested when an earlier op on its thread ends at or after its end.
     tid = ops["tid"].to_numpy()
@@ -76,9 +127,10 @@ def step_shape_flops(trace: Trace, steps: pd.DataFrame) -> tuple[np.ndarray, np.
         prev_max = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], e[:-1])))
         nested[m] = e <= prev_max
     outer = ops[~nested]
-    from diagnose.analyzers.kernels import step_seq_infos
+    if seqs is None:
+        from diagnose.analyzers.kernels import step_seq_infos
 
-    seqs = step_seq_infos(trace, steps)
+        seqs = step_seq_infos(trace, steps)
     concrete_col = outer["concrete_inputs"].to_numpy() if "concrete_inputs" in outer else [None] * len(outer)
     st = steps["start_ns"].to_numpy(dtype=np.int64)
     en = steps["end_ns"].to_numpy(dtype=np.int64)
@@ -89,15 +141,21 @@ def step_shape_flops(trace: Trace, steps: pd.DataFrame) -> tuple[np.ndarray, np.
         if pos < 0 or s > en[pos]:
             continue
         dims = parse_input_dims(raw)
+        if is_moe_op(name):
+            f = _moe_call_flops(dims, moe_per_token)
+            if f is not None:
+                by_kind["moe"][pos] += f
+                count[pos] += 1
+            continue
         f = op_flops(name, dims, concrete=parse_input_dims(craw) if craw is not None else None, seqs=seqs[pos])
         if f is None:
             continue
-        flops[pos] += f
+        by_kind["gemm" if name in GEMM_OPS else "attention"][pos] += f
         count[pos] += 1
         b = op_bytes(dims, parse_input_dims(traw) if traw is not None else None)
         if b:
             nbytes[pos] += b
-    return flops, nbytes, count
+    return ShapeFlops(sum(by_kind.values()), by_kind, nbytes, count)
 
 
 @dataclass
@@ -118,18 +176,12 @@ class AttainmentInputs:
     notes: list[str] = field(default_factory=list)
 
 
-def _step_cost(spec: ModelSpec, inp: AttainmentInputs, phase: str, batch, tokens, kv_tokens) -> accounting.StepCost:
+def _step_cost(spec: ModelSpec, inp: AttainmentInputs, phase: str, batch, tokens, kv_tokens, seqs: accounting.SeqSums | None = None,
+               logit_rows: int | None = None) -> accounting.StepCost:
     """:func:`diagnose.accounting.step_cost` of one step on one rank with the inputs' dtypes,
-    tensor parallelism and LM-head convention."""
+    tensor parallelism and LM-head convention (engine FLOPs: the step's sums and sampled rows)."""
     return accounting.step_cost(spec, phase, batch=batch, tokens=tokens, kv_tokens=kv_tokens, weight_dtype=inp.weight_dtype,
-                                kv_dtype=inp.kv_dtype, tp=inp.tp, lm_head=inp.lm_head)
-
-
-def _analytic_step(spec: ModelSpec, inp: AttainmentInputs, phase: str, batch, tokens, kv_tokens) -> tuple[float | None, float | None]:
-    """(flops, bytes) of one step on one rank from the model config
-    (:func:`diagnose.accounting.step_cost`), None where inputs are missing."""
-    c = _step_cost(spec, inp, phase, batch, tokens, kv_tokens)
-    return (None if c.flops is None else float(c.flops)), (None if c.bytes is None else float(c.bytes))
+                                kv_dtype=inp.kv_dtype, tp=inp.tp, lm_head=inp.lm_head, seqs=seqs, logit_rows=logit_rows)
 
 
 def moe_layer_bytes(steps: pd.DataFrame | None, inp: AttainmentInputs | None) -> MoeLayerBytes | None:
@@ -183,9 +235,74 @@ def _step_shape(r, phase: str, inp: AttainmentInputs) -> tuple[int | None, int |
     return batch, tokens, kv_tokens
 
 
+def _seq_sums(r) -> accounting.SeqSums | None:
+    """The step's per-sequence sums (``seq_info`` column: :class:`~.opcost.SeqInfo`) when
+    they are complete."""
+    si = getattr(r, "seq_info", None)
+    if si is None or not isinstance(si, SeqInfo) or None in (si.q_tokens, si.kv_tokens, si.q_sq_sum, si.qk_sum):
+        return None
+    return accounting.SeqSums(si.q_tokens, si.kv_tokens, si.q_sq_sum, si.qk_sum)
+
+
+def _logit_rows(r) -> int | None:
+    """Rows the LM head computes in a step whose marker counts its requests (prefill +
+    decode requests: one sampled token each), else None."""
+    n = [_val(getattr(r, c, None)) for c in ("prefill_requests", "decode_requests")]
+    if all(x is None for x in n):
+        return None
+    return sum(x for x in n if x) or None
+
+
+def _config_costs(phase: str, psteps: pd.DataFrame, inp: AttainmentInputs) -> list:
+    """Engine cost (:func:`diagnose.accounting.step_cost`) of each step from the model config."""
+    out: list = []
+    for r in psteps.itertuples(index=False):
+        batch, tokens, kv_tokens = _step_shape(r, phase, inp)
+        try:
+            out.append(_step_cost(inp.spec, inp, phase, batch, tokens, kv_tokens, _seq_sums(r), _logit_rows(r)))
+        except DiagnoseError:
+            out.append(None)
+    return out
+
+
+def _sum_terms(costs: list, shapes: pd.DataFrame | None) -> list[CostTerm]:
+    """The phase's FLOP and byte terms: the config terms summed over its steps (FLOPs kept
+    only where the FLOPs come from the config), and, when ``shapes`` (the steps' shape-FLOP
+    columns) is given, the shape terms instead of the config FLOPs."""
+    names: list[str] = []
+    acc: dict[str, list] = {}
+    for c in costs:
+        for t in (c.terms if c is not None else ()):
+            if t.name not in acc:
+                names.append(t.name)
+                acc[t.name] = [None, None, t.flops_source, t.bytes_source]
+            a = acc[t.name]
+            if t.flops is not None:
+                a[0] = (a[0] or 0.0) + t.flops
+            if t.bytes is not None:
+                a[1] = (a[1] or 0.0) + t.bytes
+            if t.flops_source == "marker":
+                a[2] = "marker"
+    out = []
+    if shapes is not None:
+        for k in SHAPE_TERMS:
+            v = float(shapes[f"shape_{k}_flops"].sum())
+            if v:
+                out.append(CostTerm(k, v, None, "shapes", None))
+    for n in names:
+        f, b, fs, bs = acc[n]
+        if shapes is not None:
+            f, fs = None, None
+        if f is None and b is None:
+            continue
+        out.append(CostTerm(n, f, b, fs if f is not None else None, bs if b is not None else None))
+    return out
+
+
 def phase_attainment(phase: str, psteps: pd.DataFrame, inp: AttainmentInputs, graph_steps: np.ndarray) -> Attainment:
     """Attainment numbers for one phase from its steps (columns of the step table plus
-    shape_flops, shape_bytes, shape_ops). ``graph_steps``: bool per step, kernels replayed from a graph."""
+    shape_flops, shape_bytes, shape_ops, the shape FLOPs by kind and seq_info).
+    ``graph_steps``: bool per step, kernels replayed from a graph."""
     out: dict = {k: None for k in ("flops", "bytes", "achieved_tflops", "achieved_tbps", "mfu", "mbu",
                                              "arithmetic_intensity", "bound", "bound_ratio", "peak_tflops", "peak_tbps")}
     out["flops_source"] = None
@@ -202,23 +319,22 @@ def phase_attainment(phase: str, psteps: pd.DataFrame, inp: AttainmentInputs, gr
     if shape_ok.all():
         step_flops[:] = psteps["shape_flops"].to_numpy(dtype=np.float64)
         out["flops_source"] = "shapes"
-    for i, r in enumerate(psteps.itertuples(index=False)):
-        batch, tokens, kv_tokens = _step_shape(r, phase, inp)
-        if inp.spec is not None:
-            f, b = _analytic_step(inp.spec, inp, phase, batch, tokens, kv_tokens)
-            if np.isnan(step_flops[i]) and f is not None:
-                step_flops[i] = f
-            if b is not None:
-                step_bytes[i] = b
+    costs = _config_costs(phase, psteps, inp) if inp.spec is not None else []
+    model_flops = np.array([np.nan if c is None or c.flops is None else c.flops for c in costs], dtype=np.float64)
+    for i, c in enumerate(costs):
+        if c is None:
+            continue
+        if np.isnan(step_flops[i]) and c.flops is not None:
+            step_flops[i] = c.flops
+        if c.bytes is not None:
+            step_bytes[i] = c.bytes
     if inp.spec is not None and not np.isnan(step_bytes).any():
         out["bytes_source"] = f"model config ({inp.spec_source})"
     elif inp.spec is None and shape_ok.all() and (psteps["shape_bytes"].to_numpy() > 0).all():
         step_bytes[:] = psteps["shape_bytes"].to_numpy(dtype=np.float64)
         out["bytes_source"] = "operand sizes from shapes (no model config)"
     if out["flops_source"] == "shapes" and inp.spec is not None:
-        model_flops = np.array([_analytic_step(inp.spec, inp, phase, *_step_shape(r, phase, inp))[0] or np.nan
-                                for r in psteps.itertuples(index=False)], dtype=np.float64)
-        if not np.isnan(model_flops).any() and model_flops.sum() > 0:
+        if len(model_flops) and not np.isnan(model_flops).any() and model_flops.sum() > 0:
             out["forward_coverage"] = round(float(step_flops.sum() / model_flops.sum()), 4)
     if out["flops_source"] is None and not np.isnan(step_flops).any():
         out["flops_source"] = f"model config ({inp.spec_source})"
@@ -234,6 +350,11 @@ def phase_attainment(phase: str, psteps: pd.DataFrame, inp: AttainmentInputs, gr
             missing.append("bytes (no model config: give --model-config)")
         else:
             missing.append("bytes (batch/context unknown: give --batch and --context)")
+    if costs or out["flops_source"] == "shapes":
+        terms = _sum_terms(costs, psteps if out["flops_source"] == "shapes" else None)
+        if terms:
+            out["terms"] = [Term(name=t.name, flops=t.flops, bytes=t.bytes, flops_source=t.flops_source,
+                                 bytes_source=t.bytes_source) for t in terms]
     peak = inp.peak
     if peak is None:
         missing.append("peak (device not in the GPU table: give --gpu or --peak-tflops/--bandwidth-tbps)")
@@ -371,13 +492,18 @@ def prepare_attainment(trace: Trace, options, steps: pd.DataFrame, activities: p
     """
     notes = Notes()
     g = activities
-    sf, sb, sc = step_shape_flops(trace, steps)
-    steps = steps.assign(shape_flops=sf, shape_bytes=sb, shape_ops=sc)
+    inp = attainment_inputs(trace, options, devices, notes.note)
+    from diagnose.analyzers.kernels import step_seq_infos
+
+    seqs = step_seq_infos(trace, steps) if len(steps) else []
+    sf = step_shape_flops(trace, steps, moe_flops_per_token(inp), seqs)
+    steps = steps.assign(shape_flops=sf.flops, shape_bytes=sf.bytes, shape_ops=sf.count,
+                         **{f"shape_{k}_flops": v for k, v in sf.by_kind.items()},
+                         seq_info=pd.Series(seqs, index=steps.index, dtype=object))
     graph_steps = np.zeros(len(steps), dtype=bool)
     if len(steps) and len(g):
         gs = g.loc[(g["step"] >= 0) & (g["launch_kind"] == "graph_launch"), "step"].unique()
         graph_steps[gs.astype(np.int64)] = True
-    inp = attainment_inputs(trace, options, devices, notes.note)
     for d in devices:
         if not d.name:
             given = (f"peaks from {inp.peak.selection or inp.peak.name}" if inp.peak is not None

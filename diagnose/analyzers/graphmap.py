@@ -15,9 +15,13 @@ import pandas as pd
 from diagnose.trace.capture import CaptureMapping
 
 # Origin codes of a kernel's operator (part of the row key).
-ORIGIN_TRACE, ORIGIN_CAPTURE, ORIGIN_TRACE_NODIMS, ORIGIN_CAPTURE_NODIMS, ORIGIN_NO_OP, ORIGIN_GRAPH_NO_CAPTURE, ORIGIN_GRAPH_UNMATCHED, ORIGIN_NSYS, ORIGIN_NO_OPS = range(9)
-N_ORIGINS = 9
-ORIGIN_SOURCE = {ORIGIN_TRACE: "trace", ORIGIN_CAPTURE: "capture", ORIGIN_TRACE_NODIMS: "trace", ORIGIN_CAPTURE_NODIMS: "capture"}
+# ORIGIN_CALL_TREE*: the operator open at the launch call on its thread (no External id link,
+# :mod:`diagnose.analyzers.calltree`).
+(ORIGIN_TRACE, ORIGIN_CAPTURE, ORIGIN_TRACE_NODIMS, ORIGIN_CAPTURE_NODIMS, ORIGIN_NO_OP, ORIGIN_GRAPH_NO_CAPTURE,
+ ORIGIN_GRAPH_UNMATCHED, ORIGIN_NSYS, ORIGIN_NO_OPS, ORIGIN_CALL_TREE, ORIGIN_CALL_TREE_NODIMS) = range(11)
+N_ORIGINS = 11
+ORIGIN_SOURCE = {ORIGIN_TRACE: "trace", ORIGIN_CAPTURE: "capture", ORIGIN_TRACE_NODIMS: "trace", ORIGIN_CAPTURE_NODIMS: "capture",
+                 ORIGIN_CALL_TREE: "call_tree", ORIGIN_CALL_TREE_NODIMS: "call_tree"}
 
 def step_padded_sizes(steps: pd.DataFrame | None) -> np.ndarray | None:
     """Per step, the padded size a graph is captured for (vLLM: the step's tokens, TraceLens

@@ -58,7 +58,10 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from diagnose.analyzers.calltree import enclosing_ops
 from diagnose.analyzers.graphmap import (
+    ORIGIN_CALL_TREE,
+    ORIGIN_CALL_TREE_NODIMS,
     ORIGIN_CAPTURE,
     ORIGIN_CAPTURE_NODIMS,
     ORIGIN_GRAPH_NO_CAPTURE,
@@ -76,19 +79,20 @@ from diagnose.analyzers.graphmap import (
 )
 from diagnose.analyzers.moebytes import moe_kernel_bytes
 from diagnose.analyzers.timeline import union_by_group_ns
+from diagnose.analyzers.precision import row_dtypes, row_peaks
 from diagnose.analyzers.opcost import (
-    ATTENTION_OPS,
     CONCRETE_OPS,
     FLOP_OPS,
     MoeLayerBytes,
     SeqInfo,
+    is_attention_op,
     is_moe_op,
     op_cost,
 )
 from diagnose.hardware import GpuPeak
 from diagnose.model import Capture, KernelRow
 from diagnose.trace.capture import CaptureMapping
-from diagnose.trace.model import QualityIssue, Trace, factorize
+from diagnose.trace.model import NO_TIME, QualityIssue, Trace, factorize
 
 _dec = msgspec.json.Decoder()
 
@@ -104,23 +108,28 @@ _dec = msgspec.json.Decoder()
 #: - flops, bytes (float: FLOP and bytes of the rows' calls, apportioned by kernel time
 #:   within multi-kernel op calls; NaN = unknown), flops_per_call, bytes_per_call,
 #: - achieved_tflops (flops / kernel time, 1e12 FLOP/s), achieved_tbps (bytes / kernel
-#:   time, 1e12 B/s), peak_tflops_share (/ ``peak.dense_fp16_tflops``),
+#:   time, 1e12 B/s), peak_tflops_share (/ the row's dtype peak ``peak_tflops``),
 #:   peak_tbps_share (/ ``peak.memory_bandwidth_tbps``),
 #:   arithmetic_intensity_flop_per_byte (flops / bytes), bound ("compute" when the
-#:   intensity is at or above the ridge point peak FLOP/s / peak B/s, "memory" below,
-#:   None when unknown),
+#:   intensity is at or above the row's ridge point ``peak_tflops`` / peak B/s, "memory"
+#:   below, None when unknown),
 #: - cost_model ("gemm" | "attention" | "elementwise" | "norm" | "operands" | "moe" |
 #:   None) and cost_note (the convention used, or why FLOPs are missing; "moe": expected
-#:   routed-expert bytes, no FLOPs), op_source ("trace" | "capture" |
-#:   None), shapes_unknown (None, or why the row has no shapes).
+#:   routed-expert bytes, no FLOPs), op_source ("trace" | "capture" | "call_tree" |
+#:   None), shapes_unknown (None, or why the row has no shapes),
+#: - dtype (:data:`diagnose.vocab.DTYPES` or None), dtype_source ("kernel name" | "operator
+#:   input types" | None), peak_tflops (the compute peak of the row's dtype,
+#:   :meth:`diagnose.hardware.GpuPeak.peak_tflops_for`; NaN without a peak): see
+#:   :mod:`diagnose.analyzers.precision`.
 #:
 COLUMNS = ("device", "phase", "op", "input_dims", "input_types", "kernel", "category", "calls", "total_ms",
            "mean_us", "kernel_time_share", "flops", "bytes", "flops_per_call", "bytes_per_call",
            "achieved_tflops", "achieved_tbps", "peak_tflops_share", "peak_tbps_share",
-           "arithmetic_intensity_flop_per_byte", "bound", "cost_model", "cost_note", "op_source", "shapes_unknown")
+           "arithmetic_intensity_flop_per_byte", "bound", "cost_model", "cost_note", "op_source", "shapes_unknown",
+           "dtype", "dtype_source", "peak_tflops")
 
 _TEXT_COLUMNS = ("phase", "op", "input_dims", "input_types", "kernel", "category", "bound", "cost_model", "cost_note",
-                 "op_source", "shapes_unknown")
+                 "op_source", "shapes_unknown", "dtype", "dtype_source")
 
 SHAPES_UNKNOWN = {
     ORIGIN_TRACE_NODIMS: "operator recorded without shapes (profile with record_shapes=True)",
@@ -132,6 +141,7 @@ SHAPES_UNKNOWN = {
     ORIGIN_GRAPH_UNMATCHED: "replayed from a CUDA/HIP graph: no window of the capture trace matches this graph launch's activities",
     ORIGIN_NSYS: "Nsight Systems trace: no operator shapes (time per kernel only)",
     ORIGIN_NO_OPS: "the trace holds no operator (cpu_op) events: time per kernel only",
+    ORIGIN_CALL_TREE_NODIMS: "operator (found through the CPU call tree) recorded without shapes (profile with record_shapes=True)",
 }
 
 
@@ -320,15 +330,17 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
     cat = g["category"].take(k[fk_i]).to_numpy(dtype=object) if "category" in g else np.full(n_rows, None, dtype=object)
     op_name, op_dims, op_types = (_row_op_column(r_src, n_src, codes, uniques) for codes, uniques in cols[:3])
     tflops, tbps, ai, share = _rates(row_flops, row_bytes, total_ns, phase_ns[fk_i])
-    pk_f, pk_b = (peak.dense_fp16_tflops, peak.memory_bandwidth_tbps) if peak is not None else (None, None)
-    ridge = peak.ridge_flop_per_byte if peak is not None else None
+    dtype, dtype_src = row_dtypes(kernel_names, op_name, op_types)
+    pk_f = row_peaks(dtype, peak)  # each row against its dtype's compute peak
+    pk_b = peak.memory_bandwidth_tbps if peak is not None else None
     r_model, r_note = _row_models(cost_model[ck_c[fk_i]], cost_note[ck_c[fk_i]].copy(), k_model, k_note, k_layer, fk_i, gid)
-    if pk_f or pk_b:
+    if peak is not None:
         _drop_over_peak(r_model, r_note, tflops, tbps, ai, row_flops, row_bytes, pk_f, pk_b)
     bound = np.full(n_rows, None, dtype=object)
-    if ridge:
-        known = ~np.isnan(ai)
-        bound[known] = np.where(ai[known] >= ridge, "compute", "memory")
+    if pk_b:
+        ridge = pk_f / pk_b
+        known = ~np.isnan(ai) & ~np.isnan(ridge)
+        bound[known] = np.where(ai[known] >= ridge[known], "compute", "memory")
     data = {
         "device": dev_u[dev_c[fk_i]].astype(np.int64),
         "phase": ph_u[ph_c[fk_i]],
@@ -347,7 +359,7 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
         "bytes_per_call": row_bytes / calls,
         "achieved_tflops": tflops,
         "achieved_tbps": tbps,
-        "peak_tflops_share": tflops / pk_f if pk_f else np.full(n_rows, np.nan),
+        "peak_tflops_share": tflops / pk_f,
         "peak_tbps_share": tbps / pk_b if pk_b else np.full(n_rows, np.nan),
         "arithmetic_intensity_flop_per_byte": ai,
         "bound": bound,
@@ -355,6 +367,9 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
         "cost_note": r_note,
         "op_source": np.array([ORIGIN_SOURCE.get(int(o)) for o in r_orig], dtype=object),
         "shapes_unknown": np.array([SHAPES_UNKNOWN.get(int(o)) for o in r_orig], dtype=object),
+        "dtype": dtype,
+        "dtype_source": dtype_src,
+        "peak_tflops": pk_f,
     }
     _per_kernel(per_kernel, k, ksrc, n_src, cols, gid, row_flops, row_bytes, fk, bk, links.modules)
     return _frame(data, korigin, cap_stats, trace.source_format)
@@ -487,6 +502,7 @@ def _link_ops(trace: Trace, g: pd.DataFrame, capture, steps: pd.DataFrame | None
             inst[hit] = op_row
             has_dims = ~pd.isna(cols_used[1])
             origin[hit] = np.where(has_dims[op_code], ORIGIN_TRACE, ORIGIN_TRACE_NODIMS)
+        _link_call_tree(g, ops, src, inst, origin, sources)
     graph = (g["launch_kind"].to_numpy(dtype=object) == "graph_launch") if "launch_kind" in g else np.zeros(n_all, bool)
     if not nsys:
         origin[graph & (src < 0)] = ORIGIN_GRAPH_NO_CAPTURE
@@ -505,6 +521,34 @@ def _link_ops(trace: Trace, g: pd.DataFrame, capture, steps: pd.DataFrame | None
         origin[origin == ORIGIN_GRAPH_NO_CAPTURE] = ORIGIN_GRAPH_UNMATCHED
 
     return _OpLinks(name_codes, names, src, inst, origin, sources, cap_stats, modules)
+
+
+def _link_call_tree(g: pd.DataFrame, ops: pd.DataFrame, src: np.ndarray, inst: np.ndarray, origin: np.ndarray,
+                    sources: OpSources) -> None:
+    """In place: activities no ``External id`` linked get the innermost operator open at their
+    launch call's start on the launching thread (:func:`~diagnose.analyzers.calltree.enclosing_ops`);
+    graph replays keep their own mapping (their launch is the graph's, not a node's)."""
+    if "launch_tid" not in g or "launch_start_ns" not in g:
+        return
+    need = (src < 0) & (g["launch_tid"].to_numpy(dtype=np.int64) >= 0) & (g["launch_start_ns"].to_numpy(dtype=np.int64) != NO_TIME)
+    if "launch_kind" in g:
+        need &= g["launch_kind"].to_numpy(dtype=object) != "graph_launch"
+    idx = np.nonzero(need)[0]
+    if len(idx) == 0:
+        return
+    row = enclosing_ops(ops, g["launch_tid"].to_numpy(dtype=np.int64)[idx], g["launch_start_ns"].to_numpy(dtype=np.int64)[idx])
+    ok = row >= 0
+    if not ok.any():
+        return
+    idx, row = idx[ok], row[ok]
+    op_code, used = pd.factorize(row, sort=False)
+    cols_used = [ops[c].take(used).to_numpy(dtype=object) if c in ops else np.full(len(used), None, dtype=object)
+                 for c in ("name", "input_dims", "input_types", "concrete_inputs")]
+    off = sources.extend(*cols_used)
+    src[idx] = off + op_code
+    inst[idx] = row
+    has_dims = ~pd.isna(cols_used[1])
+    origin[idx] = np.where(has_dims[op_code], ORIGIN_CALL_TREE, ORIGIN_CALL_TREE_NODIMS)
 
 
 def _op_keys(sources: OpSources) -> tuple[int, list, np.ndarray, int, np.ndarray]:
@@ -550,7 +594,7 @@ def _kernel_costs(trace: Trace, g: pd.DataFrame, k: np.ndarray, steps: pd.DataFr
         kst = g["step"].to_numpy(dtype=np.int64)[k]
         ok = (kst >= 0) & (kst < len(steps))
         seq_code[ok] = step_code[kst[ok]]
-    is_attn_key = np.array([name_u[name_c[rep_src[i]]] in ATTENTION_OPS for i in range(n_opkey)], dtype=bool)
+    is_attn_key = np.array([is_attention_op(name_u[name_c[rep_src[i]]]) for i in range(n_opkey)], dtype=bool)
     kseq = np.where((kop >= 0) & is_attn_key[np.maximum(kop, 0)] if n_opkey else False, seq_code, -1)
     ckey = kop * (len(seq_list) + 1) + (kseq + 1)
     ck_c, ck_u = pd.factorize(ckey, sort=False)
@@ -623,27 +667,30 @@ def _apportion(g: pd.DataFrame, k: np.ndarray, links: _OpLinks, dur: np.ndarray,
 
 
 def _drop_over_peak(r_model: np.ndarray, r_note: np.ndarray, tflops: np.ndarray, tbps: np.ndarray, ai: np.ndarray,
-                    row_flops: np.ndarray, row_bytes: np.ndarray, pk_f: float | None, pk_b: float | None) -> None:
+                    row_flops: np.ndarray, row_bytes: np.ndarray, pk_f: np.ndarray, pk_b: float | None) -> None:
     """In place: rows whose counted work the device could not have done in the measured time
-    lose the over-counted numbers (attention: FLOPs and bytes; MoE: expected bytes)."""
+    (above the row's dtype peak ``pk_f`` or the bandwidth ``pk_b``) lose the over-counted
+    numbers (attention: FLOPs and bytes; MoE: expected bytes)."""
     # Attention work depends on what the shapes do not show (sliding windows, per-sequence
     # lengths): a count the device could not have done in the time is an over-count, not a
     # measurement. Such rows lose their FLOPs and bytes.
-    if pk_f or pk_b:
-        over = (r_model == "attention") & (((tflops > pk_f) if pk_f else False) | ((tbps > pk_b) if pk_b else False))
-        if over.any():
-            for arr in (row_flops, row_bytes, tflops, tbps, ai):
-                arr[over] = np.nan
-            r_note[over] = ("counted work exceeds the device peak in the measured time: the shapes overstate it "
-                            "(e.g. sliding-window layers counted with the full context); FLOPs and bytes dropped")
-        # expected expert bytes assume uniform routing (the most experts touched): above the
-        # peak bandwidth, real routing touched fewer experts than that estimate
-        over = (r_model == "moe") & ((tbps > pk_b) if pk_b else False)
-        if over.any():
-            for arr in (row_bytes, tbps, ai):
-                arr[over] = np.nan
-            r_note[over] = ("expected expert bytes exceed the device peak bandwidth in the measured time: routing touched "
-                            "fewer experts than the uniform-routing estimate; bytes dropped")
+    with np.errstate(invalid="ignore"):
+        over_f = tflops > pk_f  # a NaN peak is never exceeded
+    over_b = (tbps > pk_b) if pk_b else np.zeros(len(tbps), dtype=bool)
+    over = (r_model == "attention") & (over_f | over_b)
+    if over.any():
+        for arr in (row_flops, row_bytes, tflops, tbps, ai):
+            arr[over] = np.nan
+        r_note[over] = ("counted work exceeds the device peak in the measured time: the shapes overstate it "
+                        "(e.g. sliding-window layers counted with the full context); FLOPs and bytes dropped")
+    # expected expert bytes assume uniform routing (the most experts touched): above the
+    # peak bandwidth, real routing touched fewer experts than that estimate
+    over = (r_model == "moe") & over_b
+    if over.any():
+        for arr in (row_bytes, tbps, ai):
+            arr[over] = np.nan
+        r_note[over] = ("expected expert bytes exceed the device peak bandwidth in the measured time: routing touched "
+                        "fewer experts than the uniform-routing estimate; bytes dropped")
 
 
 def _combine(codes: list[np.ndarray], sizes: list[int]) -> np.ndarray:

@@ -58,11 +58,14 @@ the decoded ``Input type`` list (``"c10::BFloat16"``, ``"float"``, ...; unknown 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from diagnose.patterns import clip
 
 TYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "c10::Float8_e4m3fn": 1,
               "c10::Float8_e5m2": 1, "signed char": 1, "unsigned char": 1, "int": 4, "long int": 8,
@@ -79,6 +82,19 @@ VARLEN_ATTENTION = frozenset({"aiter::mha_batch_prefill", "flash_attn::_flash_at
                               "vllm::unified_attention", "vllm::unified_attention_with_output"})
 ATTENTION_OPS = SDPA_BHSD | SDPA_BSHD | VARLEN_ATTENTION
 FLOP_OPS = GEMM_OPS | ATTENTION_OPS
+
+
+_ENGINE_ATTENTION = re.compile(r"attention|attn", re.I)
+
+
+def is_attention_op(name: object) -> bool:
+    """Whether operator ``name`` computes attention: the ops of :data:`ATTENTION_OPS`, or a
+    serving engine's own attention op (``sglang_profiler::attention_paged_attention_*``,
+    FlashInfer/aiter paged-decode ops: a name with "attention"/"attn" that is not an Inductor
+    kernel), whose cost :func:`op_cost` reads from a paged KV pool in its shapes."""
+    if not isinstance(name, str):
+        return False
+    return name in ATTENTION_OPS or (not name.startswith("triton_") and _ENGINE_ATTENTION.search(clip(name)) is not None)
 
 
 def is_moe_op(name: object) -> bool:
@@ -377,6 +393,32 @@ def _attention_cost(name: str, dims: list, types: Sequence | None, concrete: Seq
     return OpCost(flops, nbytes, "attention", note)
 
 
+def _paged_attention_cost(dims: list, types: Sequence | None, seqs: SeqInfo | None) -> OpCost:
+    """A serving engine's paged attention op (:func:`is_attention_op` beyond
+    :data:`ATTENTION_OPS`): queries ``[T, H, D]`` first, a KV pool ``[..., H_kv, D]`` (4-D or
+    more) among the arguments. The pool is not what is read: the step's sums (``seqs``, the
+    marker's ``sum Sk``) give the keys, read once as K and V at the pool's element size;
+    FLOPs ``4 * H * D`` per causal (query, key) pair."""
+    q = _ints(dims[0]) if dims else None
+    if not q or len(q) != 3:
+        return OpCost(None, None, None, "no cost model for this op")
+    t_q, h, d = q
+    pool = next(((i, p) for i, p in enumerate(map(_ints, dims[1:]), start=1) if p and len(p) >= 4 and p[-1] == d and p[-2] <= h),
+                None)
+    if pool is None:
+        return OpCost(None, None, None, "no cost model for this op")
+    if seqs is None or seqs.q_tokens != t_q or seqs.kv_tokens is None:
+        return OpCost(None, None, None, "paged attention: sequence lengths not in the shapes (needs the step's sq/sk sums)")
+    i, p = pool
+    hk = p[-2]
+    sqsq = seqs.q_sq_sum if seqs.q_sq_sum is not None else t_q
+    qk = seqs.qk_sum if seqs.qk_sum is not None else seqs.kv_tokens
+    pairs = qk - sqsq / 2 + t_q / 2
+    nbytes = _tbytes(types, 0) * 2 * t_q * h * d + _tbytes(types, i) * 2 * seqs.kv_tokens * hk * d
+    return OpCost(round(4 * h * d * pairs), nbytes, "attention",
+                  f"paged KV cache: {seqs.kv_tokens} keys read as K and V (step sums), causal pairs")
+
+
 def _flat_tensors(dims: list) -> list[tuple[int, list[int]]]:
     """(argument index, shape) of every tensor argument, TensorList entries flattened."""
     out = []
@@ -465,6 +507,8 @@ def op_cost(name: str, dims: list | None, types: list | None = None, *, concrete
             return OpCost(None, b, "operands") if b else NO_COST
         if is_moe_op(name):
             return OpCost(None, None, None, MOE_NO_CONFIG_NOTE)
+        if is_attention_op(name):
+            return _paged_attention_cost(dims, types, seqs)
         return OpCost(None, None, None, "no cost model for this op")
     except (TypeError, ValueError, IndexError, ZeroDivisionError):
         return NO_COST
@@ -482,7 +526,7 @@ def op_flops(name: str, dims: list | None, *, concrete: list | None = None, seqs
     in ``cu_seqlens`` with an equal split. Elementwise ops return None here (their
     per-element counts are in :func:`op_cost`, not model FLOPs).
     """
-    if name not in FLOP_OPS:
+    if name not in FLOP_OPS and not is_attention_op(name):
         return None
     return op_cost(name, dims, None, concrete=concrete, seqs=seqs, causal=causal).flops
 

@@ -91,7 +91,8 @@ class Analysis:
 
 #: Step-table columns only the analyzers use (not in the JSON report).
 _INTERNAL_STEP_COLUMNS = ("device_activity_count", "shape_bytes", "own_ns", "done_ns", "complete", "own_reliable",
-                         "graph_step")
+                          "graph_step", "shape_gemm_flops", "shape_attention_flops", "shape_moe_flops",
+                          "seq_info")
 
 
 def report_steps(steps: pd.DataFrame) -> pd.DataFrame:

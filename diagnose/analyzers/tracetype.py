@@ -4,12 +4,14 @@ fragments, cold first iterations and heavy Python tracing.
 * ``graph_capture`` — CUDA/HIP stream capture (``*StreamBeginCapture`` / ``*StreamEndCapture``
   runtime calls): the kernels were recorded into a graph, not executed, so no timing
   conclusion holds. Rules with ``not_on: [graph_capture]`` are not evaluated.
-* ``fragment`` — the window holds part of a forward. With a model config: the operators of a
-  step account for < 50 % of the config's FLOPs (:mod:`diagnose.analyzers.attainment` notes
-  it). Without one: a step with operator shapes but no GEMM at all, or whose linear layers
-  cover less than one decoder layer and a head (fewer than 4 linear calls, or every weight
-  shape once with no LM head); steps replayed from a graph cannot be judged from shapes. Bound-, MBU- and TPOT-based rules are not evaluated; launch-gap
-  and idle rules are (the gaps are real).
+* ``fragment`` — the window holds part of a forward. One test, with or without a model
+  config: a step with operator shapes but no GEMM at all, or whose linear layers cover less
+  than one decoder layer and a head (fewer than 4 linear calls, or every weight shape once
+  with no LM head); with a model config also a step whose operators account for < 50 % of
+  the config's FLOPs (:mod:`diagnose.analyzers.phasestats`). Steps replayed from a graph
+  cannot be judged from shapes. A fragment prints no TPOT, MBU or bound ratio, and bound-,
+  bandwidth- and TPOT-based rules are not evaluated; launch-gap and idle rules are (the
+  gaps are real).
 * ``cold_start`` — first-iteration costs: lazy module loading ("Lazy Function Loading"
   overhead events), module/library loading and runtime compilation calls, compile ranges
   (torch.compile, Inductor, autotuning). Gaps they explain are attributed to them
@@ -126,10 +128,12 @@ def _step_is_fragment(dims_list: list, names: list, gemm_kernels: int, graph_ker
     return all(c == 1 for c in weights.values()) and not head
 
 
-def _fragment(trace: Trace, steps: pd.DataFrame, g: pd.DataFrame, has_model_config: bool, notes: Notes) -> tuple[int, ...]:
-    """Steps whose window holds part of a forward (module docstring), without a model config."""
-    if len(steps) == 0 or has_model_config:
-        return ()  # with a model config, attainment's forward-coverage test decides
+def _fragment(trace: Trace, steps: pd.DataFrame, g: pd.DataFrame, notes: Notes) -> tuple[int, ...]:
+    """Steps whose window holds part of a forward, judged from their operators' shapes
+    (module docstring); the same test with and without a model config (with one, the
+    forward-coverage test of :mod:`diagnose.analyzers.phasestats` adds to it)."""
+    if len(steps) == 0:
+        return ()
     ops = trace.cpu_ops
     if len(ops) == 0:
         return ()
@@ -166,12 +170,13 @@ class TraceType:
 
 def classify_trace(trace: Trace, steps: pd.DataFrame, activities: pd.DataFrame, has_model_config: bool,
                    workload: str | None = None) -> TraceType:
-    """Quality codes graph_capture, cold_start, python_tracing_overhead and (without a model
-    config) fragment; ``workload``: the code of a trace that is not LLM serving
+    """Quality codes graph_capture, cold_start, python_tracing_overhead and fragment (the
+    shape test, with or without a model config; ``has_model_config`` is kept for callers);
+    ``workload``: the code of a trace that is not LLM serving
     (:mod:`diagnose.analyzers.workload`), whose steps are not judged as parts of an LLM forward."""
     notes = Notes()
     _graph_capture(trace, notes)
     _cold_start(trace, notes)
     _python_tracing(trace, notes)
-    frag = () if workload else _fragment(trace, steps, activities, has_model_config, notes)
+    frag = () if workload else _fragment(trace, steps, activities, notes)
     return TraceType(frag, tuple(notes.issues))

@@ -1,0 +1,77 @@
+"""Operator of a kernel through the CPU call tree, where ``External id`` does not carry it.
+
+Kineto stamps a kernel with the ``External id`` of the innermost operator open when it was
+launched; some traces carry no such link: the kernel's ``External id`` equals its correlation
+id and no ``cpu_op`` has it (PyTorch 1.13-2.0 traces such as HTA's ``trace_diff`` and
+``critical_path_alexnet`` examples). The launch call is still there (same correlation id, on
+the launching thread), and the operators on that thread nest by time: the operator that
+launched the kernel is the innermost one open at the launch call's start. That is how
+TraceLens links them (``Trace2Tree``: a runtime event's parent is the innermost ``cpu_op``
+containing it on its thread; a kernel's parent is its launch).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def enclosing_ops(ops: pd.DataFrame, tids: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """For each query (thread ``tids[i]``, time ``times[i]``, ns), the row of ``ops`` of the
+    innermost operator on that thread open at that time (start <= t <= end), -1 where none.
+
+    Operators on one thread nest (a child starts and ends inside its parent); the innermost
+    open one is found from the latest start at or before ``t`` by walking up the parents
+    until one still runs at ``t``. Only operators that can contain a query (on a queried
+    thread, overlapping the queries' time range) are read; the parent links cost one Python
+    step per such operator.
+
+    Args:
+        ops: ``Trace.cpu_ops`` (tid, start_ns, end_ns).
+        tids, times: int64 arrays of equal length.
+
+    Returns:
+        int64 array of ``ops`` row positions (``iloc``), -1 where no operator is open.
+    """
+    out = np.full(len(times), -1, dtype=np.int64)
+    if len(times) == 0 or len(ops) == 0:
+        return out
+    o_tid = ops["tid"].to_numpy(dtype=np.int64)
+    o_s = ops["start_ns"].to_numpy(dtype=np.int64)
+    o_e = ops["end_ns"].to_numpy(dtype=np.int64)
+    lo, hi = int(times.min()), int(times.max())
+    cand = np.isin(o_tid, np.unique(tids)) & (o_s <= hi) & (o_e >= lo)
+    for t in np.unique(tids):
+        q = np.nonzero(tids == t)[0]
+        m = np.nonzero(cand & (o_tid == t))[0]
+        if len(m) == 0:
+            continue
+        order = np.lexsort((-o_e[m], o_s[m]))  # start ascending, the enclosing (longer) one first
+        rows = m[order]
+        s, e = o_s[rows], o_e[rows]
+        parent = _parents(s, e)
+        c = np.searchsorted(s, times[q], side="right") - 1
+        tq = times[q]
+        live = c >= 0
+        while True:
+            bad = live & (e[np.maximum(c, 0)] < tq)
+            if not bad.any():
+                break
+            c[bad] = parent[c[bad]]
+            live &= c >= 0
+        out[q[live]] = rows[c[live]]
+    return out
+
+
+def _parents(s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Parent (position, -1 none) of each interval, intervals sorted by start ascending and
+    end descending: the innermost earlier interval that contains it (a stack walk)."""
+    parent = np.full(len(s), -1, dtype=np.int64)
+    stack: list[int] = []
+    el = e.tolist()
+    for i, (si, ei) in enumerate(zip(s.tolist(), el)):
+        while stack and el[stack[-1]] < ei:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+        stack.append(i)
+    return parent
