@@ -250,7 +250,8 @@ def _phase(p: PhaseRow, n: str, out: Findings) -> None:
         own_idle = max(0.0, own_window - busy)
         own_share = own_idle / own_window if own_window > 0 else None
     out[f"{n}.own_window_ms"] = own_window
-    out[f"{n}.gpu_idle_own_share"] = own_share
+    # the row's own share (reports written before the row carried it: the same formula here)
+    out[f"{n}.gpu_idle_own_share"] = (num(p.gpu_idle_own_share) if p.gpu_idle_own_share is not None else own_share) if measured else None
     out[f"{n}.idle_own_ms"] = own_idle
     hb = [g.duration_ms for g in longest if g.cause == "host_blocked"]
     out[f"{n}.longest_host_blocked_ms"] = (max(hb) if hb else 0.0) if measured else None
@@ -268,6 +269,10 @@ def _phase(p: PhaseRow, n: str, out: Findings) -> None:
     out[f"{n}.comm_hidden_ms"] = hidden
     out[f"{n}.comm_hidden_share"] = div(hidden, (hidden or 0.0) + (num(p.comm_exposed_ms) or 0.0)) if hidden is not None else None
     out[f"{n}.top_kernel_share"] = num(p.top_kernels[0].kernel_time_share) if p.top_kernels else None
+    out[f"{n}.small_kernel_own_count"] = num(p.small_kernel_own_count)
+    out[f"{n}.small_kernel_own_share"] = num(p.small_kernel_own_share)
+    out[f"{n}.small_kernel_saving_ms"] = num(p.small_kernel_saving_ms)
+    _kernel_advice(p, n, out)
     _timeline(p, n, out, own_window)
     _categories(p, n, out)
 
@@ -322,7 +327,59 @@ def _attainment(p: PhaseRow, n: str, out: Findings) -> None:
         if v is not UNSET:
             out[f"{n}.{k}"] = num(v)
     out[f"{n}.compute_bound"] = 1 if p.bound == "compute" else 0 if p.bound == "memory" else None
-    out[f"{n}.bandwidth_over_peak"] = div(p.achieved_tbps, p.peak_tbps)
+    # a fragment's (or any unreliable) attainment says nothing about the timing
+    out[f"{n}.bandwidth_over_peak"] = None if "achieved_tbps" in p.unreliable else div(p.achieved_tbps, p.peak_tbps)
+
+
+def ranked_classes(p: PhaseRow) -> list:
+    """The phase's op classes a finding may name, by loss: known loss, not small (a small
+    class's loss is a per-kernel fixed cost the small-kernel tax prices)."""
+    return [c for c in p.op_classes if c.loss_ms is not None and not c.small]
+
+
+def roofline_speedup(phase_row, which: str) -> dict[str, float]:
+    """``--speedup`` factors that bring a phase's op classes to their roofline (README "Op
+    classes and their loss"): per kernel category, its kernel time T over T - loss, the loss
+    summed over the classes of that category; ``which``: ``all`` classes with a known loss, or
+    ``second``: the class with the second largest loss a finding may name
+    (:func:`ranked_classes`). Categories not in the vocabulary are left out;
+    a loss of all the time removes the category (``inf``)."""
+    from diagnose.vocab import CATEGORIES
+
+    classes = [c for c in phase_row.op_classes if c.loss_ms is not None]
+    if which == "second":
+        ranked = ranked_classes(phase_row)
+        classes = ranked[1:2]
+    loss: dict[str, float] = {}
+    for c in classes:
+        if c.name in CATEGORIES and c.loss_ms > 0:
+            loss[c.name] = loss.get(c.name, 0.0) + c.loss_ms
+    out = {}
+    for cat, lost in loss.items():
+        total = float((phase_row.categories_ms or {}).get(cat) or 0.0)
+        total = max(total, sum(c.total_ms for c in phase_row.op_classes if c.name == cat))
+        out[cat] = float("inf") if lost >= total else total / (total - lost)
+    return out
+
+
+def _kernel_advice(p: PhaseRow, n: str, out: Findings) -> None:
+    """Loss against the roofline (``loss_*``) and the precision lever of one phase row."""
+    known = [c.loss_ms for c in p.op_classes if c.loss_ms is not None]
+    out[f"{n}.loss_ms"] = sum(known) if known else None
+    ranked = ranked_classes(p)
+    own = num(p.own_ms)
+    for i in (1, 2):
+        c = ranked[i - 1] if len(ranked) >= i else None
+        out[f"{n}.loss_{i}_ms"] = None if c is None else c.loss_ms
+        out[f"{n}.loss_{i}_step_ms"] = None if c is None else c.loss_step_ms
+        out[f"{n}.loss_{i}_attainment"] = None if c is None else c.attainment
+        out[f"{n}.loss_{i}_share"] = None if c is None else div(c.loss_ms, own)
+    pr = p.precision
+    out[f"{n}.fp32_matrix_ms"] = None if pr is None else pr.fp32_matrix_ms
+    out[f"{n}.fp32_matrix_share"] = None if pr is None else pr.fp32_matrix_share
+    out[f"{n}.precision_gain"] = None if pr is None else pr.gain
+    out[f"{n}.precision_bf16_gain"] = None if pr is None else pr.bf16_gain
+    out[f"{n}.precision_saving_ms"] = None if pr is None else pr.saving_ms
 
 
 def _timeline(p: PhaseRow, n: str, out: Findings, own_window: float | None = None) -> None:
@@ -585,6 +642,7 @@ def labels(report: Report | Mapping[str, Any], device: int | None = None) -> dic
         cats = {c: v for c, v in p.categories_ms.items() if c not in ("memcpy", "memset")}
         if cats:
             out[f"{n}.top_category"] = max(cats, key=lambda c: cats[c])
+        _loss_labels(p, n, out)
     a = rows.get("all")
     by = a.idle_by_cause_ms if a is not None else {}
     if by:
@@ -645,6 +703,27 @@ def _cause_labels(p: PhaseRow, n: str, out: dict[str, str]) -> None:
         top3 = [r for r in sorted(waiting, key=_cause_num, reverse=True)[:3] if _cause_num(r) >= 0.01 * tot]
         split = ", ".join(f"{short.get(r.cause, r.cause)} {_cause_num(r) / tot:.0%}" for r in top3)
         out[f"{n}.idle_split"] = f"; waiting: {split}" if len(top3) > 1 else ""
+
+
+_LEVERS = {"tf32": "TF32 tensor cores (torch.backends.cuda.matmul.allow_tf32 = True)", "bf16": "bf16/fp16 autocast"}
+
+
+def _loss_labels(p: PhaseRow, n: str, out: dict[str, str]) -> None:
+    """``<n>.loss_{1,2}_class/peak/detail`` and ``<n>.precision_lever`` of one phase row."""
+    from diagnose.analyzers.oploss import roles_text
+
+    for i, c in enumerate(ranked_classes(p)[:2], start=1):
+        out[f"{n}.loss_{i}_class"] = c.label
+        out[f"{n}.loss_{i}_peak"] = "peak bandwidth" if c.peak == "bandwidth" else f"peak {c.dtype or 'fp16/bf16'} FLOP/s"
+        detail = roles_text(c.roles)
+        out[f"{n}.loss_{i}_detail"] = f" ({detail})" if detail else ""
+    if p.precision is not None and p.precision.lever:
+        out[f"{n}.precision_lever"] = _LEVERS[p.precision.lever]
+    from diagnose.analyzers.smallkernels import NOTABLE_OWN_SHARE
+
+    share = p.small_kernel_own_share
+    out[f"{n}.small_kernel_clause"] = (f"; {p.small_kernel_own_count} kernels under 15 µs take {share:.0%} of the step"
+                                       if share is not None and share >= NOTABLE_OWN_SHARE else "")
 
 
 # ---------------------------------------------------------------- metrics files

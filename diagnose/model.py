@@ -55,6 +55,7 @@ PathStart = Literal[vocab.PATH_STARTS]  # type: ignore[valid-type]
 #: What a share is a share of (README "Shares and their denominators"): the steps' own time,
 #: the phase's own GPU window (external idle left out), the GPU busy union, the kernel busy union.
 ShareOf = Literal["step_span", "phase_window", "busy_union", "kernel_time"]
+Dtype = Literal[vocab.DTYPES]  # type: ignore[valid-type]
 
 #: The rules' flat namespace: ``{dotted name: number or None}`` (:mod:`diagnose.findings`).
 Findings = dict[str, Union[int, float, None]]
@@ -213,10 +214,65 @@ class TopKernel(Record, kw_only=True):
     kernel_time_share: Share | None = field(name="share")
 
 
+class CostTerm(Record, kw_only=True):
+    """One FLOP/byte term of a phase's steps (summed over them), with where each number
+    comes from (:func:`diagnose.accounting.step_cost`; README "Engine FLOPs")."""
+
+    name: Literal["linear", "experts", "lm_head", "embedding", "attention", "kv_cache", "gemm", "moe"]
+    flops: float | None
+    bytes: float | None
+    flops_source: Literal["config", "marker", "shapes"] | None
+    bytes_source: Literal["config", "marker", "shapes"] | None
+
+
+class OpRole(Record, kw_only=True):
+    """The GEMMs of one weight inside an op class (README "Op classes and their loss")."""
+
+    name: str
+    calls: int
+    total_ms: float
+    loss_ms: NonNegative | None
+    attainment: Share | None
+    dtype: Dtype | None
+
+
+class OpClass(Record, kw_only=True):
+    """What one kind of kernel costs a phase against the roofline (:mod:`diagnose.analyzers.oploss`):
+    kernel time, roofline time (max of FLOPs / the dtype's peak and bytes / bandwidth, over
+    the rows whose work is known), the loss (the difference), its share of the binding peak
+    (``attainment``) and, for GEMMs, the same per weight (``roles``)."""
+
+    name: str
+    label: str
+    calls: int
+    total_ms: float
+    unknown_ms: float
+    roofline_ms: float | None
+    loss_ms: NonNegative | None
+    loss_step_ms: NonNegative | None
+    attainment: Share | None
+    peak: Literal["bandwidth", "compute"] | None
+    dtype: Dtype | None
+    small: bool
+    roles: list[OpRole]
+
+
+class Precision(Record, kw_only=True):
+    """fp32 matrix work without tensor cores in a phase, and what the precision lever would
+    save (:mod:`diagnose.analyzers.precision`)."""
+
+    fp32_matrix_ms: float
+    fp32_matrix_share: Share | None
+    gain: float | None
+    lever: Literal["tf32", "bf16"] | None
+    saving_ms: NonNegative | None
+    bf16_gain: float | None
+
+
 #: The roofline fields of a phase row, in report order (:class:`Attainment`).
 ATTAINMENT_FIELDS = ("flops", "bytes", "achieved_tflops", "achieved_tbps", "mfu", "mbu", "arithmetic_intensity",
                      "bound", "bound_ratio", "peak_tflops", "peak_tbps", "flops_source", "bytes_source",
-                     "forward_coverage", "bound_s", "attainment_missing")
+                     "forward_coverage", "bound_s", "terms", "attainment_missing")
 
 
 class Attainment(Record, kw_only=True):
@@ -240,6 +296,7 @@ class Attainment(Record, kw_only=True):
     bytes_source: str | None | UnsetType = UNSET
     forward_coverage: float | UnsetType = UNSET
     bound_s: float | UnsetType = UNSET
+    terms: list[CostTerm] | UnsetType = UNSET
     attainment_missing: list[str]
 
 
@@ -281,6 +338,15 @@ class PhaseTimes(Record, kw_only=True):
     comm_hidden_behind_ms: dict[Category, NonNegative] | UnsetType = UNSET
     top_kernels: list[TopKernel]
     unreliable: list[str]
+    #: idle share of the steps' own time (the window less the waits not caused by them)
+    gpu_idle_own_share: Share | None = None
+    #: the steps' own kernels under 15 µs (launched inside the steps), and their time over the steps' own time
+    small_kernel_own_count: int | None = None
+    small_kernel_own_share: NonNegative | None = None
+    #: what fusing runs of small kernels could save (README "Small-kernel tax"), ms
+    small_kernel_saving_ms: NonNegative | None = None
+    op_classes: list[OpClass] = []
+    precision: Precision | None = None
 
 
 def _phase_row_type() -> type:
@@ -469,6 +535,9 @@ class KernelRow(Record, kw_only=True):
     cost_note: str | None
     op_source: str | None
     shapes_unknown: str | None
+    dtype: Dtype | None = None
+    dtype_source: str | None = None
+    peak_tflops: float | None = None
 
 
 # ---------------------------------------------------------------- layers
@@ -621,7 +690,8 @@ class Symptom(Record, kw_only=True):
     share_of: ShareOf | UnsetType = UNSET
     share_base_ms: float | UnsetType = UNSET
     predicted_saving_ms: NonNegative | UnsetType = UNSET  # re-timed critical path (README "What-if")
-    rank_basis: Literal["predicted_saving", "stake"] | UnsetType = UNSET  # what the symptom is ranked by
+    loss_ms: NonNegative | UnsetType = UNSET  # kernel time above the roofline (README "Op classes and their loss")
+    rank_basis: Literal["predicted_saving", "loss", "stake"] | UnsetType = UNSET  # what the symptom is ranked by
     recommends: list[str]
     already_in_place: list[str] | UnsetType = UNSET
     grouped_under: str | UnsetType = UNSET

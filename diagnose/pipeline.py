@@ -6,6 +6,7 @@ attached to a report (the CLI, the web app, the fleet runner and the notebook AP
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -190,8 +191,17 @@ def attach_verdicts(analysis_or_report, ruleset=None, device: int | None = None)
         a = analysis_or_report
         main_phase = labels(report, device).get("trace.main_phase")
 
+        from diagnose.findings import device_rows, main_row, roofline_speedup
+
         def _saving(rule):  # the one ranking rule: predicted saving where the path exists
-            return rule_saving_ms(a.paths, a.steps, rule.phase, rule.whatif, main_phase)
+            spec = rule.whatif
+            if spec.get("roofline"):  # kernel-table findings: the main phase's kernels at their roofline
+                row = main_row(device_rows(report, device))
+                speedup = {} if row is None else roofline_speedup(row, spec["roofline"])
+                if not speedup:
+                    return None
+                spec = {"speedup": {k: ("inf" if math.isinf(v) else v) for k, v in speedup.items()}, "phase": "main"}
+            return rule_saving_ms(a.paths, a.steps, rule.phase, spec, main_phase)
 
         savings = _saving
     runs, merged = evaluate_devices(report, rs, device, savings=savings)

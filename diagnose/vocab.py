@@ -19,6 +19,11 @@ STEP_EVIDENCE = ("marker", "profiler_step", "python_frame", "structure", "shapes
 #: Quality codes of traces that are not LLM serving: steps are found and timed, no prefill/decode reading.
 NON_LLM_TRACE_TYPES: tuple[str, ...] = ("training_trace", "vision_forward", "encoder_forward", "diffusion_loop")
 
+#: Data types of matrix work, whose compute peaks differ (:meth:`diagnose.hardware.GpuPeak.peak_tflops_for`):
+#: ``fp32`` is FP32 without tensor cores (NVIDIA CUDA-core SIMT ``sgemm``/``ffma`` kernels; AMD's
+#: FP32 matrix path), ``tf32`` TF32 tensor cores.
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4", "int8")
+
 #: Phase names a finding may start with: the report's phase rows, plus ``main``, the step
 #: phase with the most own time on the device (``all`` when the trace has no steps). Rules
 #: about "the step" read ``main.*`` so work outside the steps (the previous step's tail,
@@ -139,12 +144,13 @@ QUALITY_TABLE: tuple[QualityCode, ...] = (
     QualityCode("orphan_launches", "kernel launch calls without a GPU record (the profiler dropped them; where they sit in the message): steps holding one are left out of the per-step numbers"),
     QualityCode("step_attribution_unreliable", "decode steps of one batch size with > 100x different GPU work: kernels not attributed to the step that launched them; their own times are not reported, TPOT from the steps' completions is kept"),
     QualityCode("graph_kernels_no_launch", "kernels replayed from graph launches: no per-kernel launch; op-level attribution needs the capture trace (--capture-trace)"),
+    QualityCode("capture_trace_available", "graph-replayed kernels have no shapes and a graph-capture pass lies beside the trace: the message names it for --capture-trace (never loaded unless given)"),
     QualityCode("graph_coverage_low", "fewer than 90 % of graph launches have GPU activity in the trace: idle and launch-gap numbers unreliable", True),
     QualityCode("unnamed_device", "the device has no name in the trace (vLLM ROCm traces)"),
     QualityCode("device_id_remapped", "one listed GPU whose activities carry another device index"),
     QualityCode("unknown_device_peak", "device not in the GPU table: MFU/MBU skipped"),
     QualityCode("bandwidth_above_peak", "achieved bandwidth above the device peak: wrong peak or config, or a timing without synchronisation (S7)"),
-    QualityCode("fragment", "the window holds part of a forward (with a model config: its operators are < 50 % of the model's FLOPs; without: no GEMM, or less than one decoder layer and a head): TPOT, MBU and bound rules are not evaluated"),
+    QualityCode("fragment", "the window holds part of a forward (one test with or without a model config: no GEMM, or less than one decoder layer and a head; with a config also operators < 50 % of the model's FLOPs): no TPOT, MBU or bound ratio, and TPOT, bound and bandwidth rules are not evaluated"),
     QualityCode("graph_capture", "a CUDA/HIP graph capture pass: nothing executed, so every timing rule is not evaluated; profile a replay"),
     QualityCode("cold_start", "first-iteration costs (lazy module loading, module/JIT loading, compilation): the gaps they explain are attributed to them"),
     QualityCode("python_tracing_overhead", "heavy with_stack tracing (python_function events): host times and launch gaps are inflated"),

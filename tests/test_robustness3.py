@@ -251,6 +251,11 @@ def _every_pattern():
         (depgraph, ("SYNC_CALL", "WAIT_CALL")), (hostpath, ("LIBRARY_FRAME", "_SYNC_LIKE"))) for n in names]
     out += [("nsys sync", rx) for rx, _ in nsys_tables._API_SYNC]
     out += [(f"layer op role {role}", rx) for role, rx in layerseg._OP_ROLES]
+    from diagnose.analyzers import opcost, precision
+    from diagnose.report import termtext
+
+    out += [(f"precision {d}", rx) for d, rx in precision.DTYPE_NAME_PATTERNS]
+    out += [("opcost _ENGINE_ATTENTION", opcost._ENGINE_ATTENTION), ("termtext _SAMPLES", termtext._SAMPLES)]
     try:
         from diagnose.app import timeline
     except ImportError:  # the [app] extra

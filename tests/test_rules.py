@@ -55,6 +55,7 @@ EXPECTED_IDS = {
     "moe-kernel-bound", "prefill-mfu-low", "small-kernel-tax", "layer-outlier",
     "S3-host-bound", "host-compute", "compile-guard", "data-loading", "first-call-setup", "host-blocked", "collective-wait",
     "cold-start",
+    "kernel-loss", "second-lever", "precision",
 }
 
 # A minimal valid rule; tests replace fields to break it.
@@ -672,4 +673,4 @@ def test_packaged_rules_pass_schema_validation():
     strict = load_rules(validate=True)
     fast = load_rules()
     assert [r.id for r in strict] == [r.id for r in fast]
-    assert len(strict) == len(EXPECTED_IDS) == 36
+    assert len(strict) == len(EXPECTED_IDS) == 39

@@ -297,8 +297,10 @@ def test_sglang_493_ms_wait_is_on_work_outside_the_trace_not_a_host_block():
         ("host_blocked", "hipMemcpyWithStream", None), ("first_call_setup", "aten::max", None)]
     assert before[0]["ms"] == pytest.approx((nxt["ts"] - prev_end) / 1e3, abs=NS)
     assert max(w["ms"] for w in r["steps"][0]["waits"] if w["cause"] == "launch") < 0.2
-    # so the headline is the step's own story (expert §3), no host-sync advice
-    assert r["headline"]["rule_id"] == "prefill-mfu-low"
+    # so the headline is the step's own story (expert §3: the GEMMs, gate_up the worst), no
+    # host-sync advice; the low MFU is the same off-bound prefill, grouped under it
+    assert r["headline"]["rule_id"] == "kernel-loss"
+    assert next(s for s in r["symptoms"] if s["id"] == "prefill-mfu-low")["grouped_under"] == "kernel-loss"
     assert not [s for s in r["symptoms"] if s["id"] in ("host-blocking-wait", "S3-gpu-idle")]
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from diagnose.analyzers import (
     activities,
     attainment,
+    capturehint,
     categories,
     collectives,
     critpath,
@@ -31,8 +32,11 @@ from diagnose.analyzers import (
     launches,
     latency,
     layers,
+    oploss,
     phases,
     phasestats,
+    precision,
+    smallkernels,
     timeline,
     tracetype,
     waits,
@@ -46,8 +50,8 @@ from diagnose.trace.model import Trace
 
 #: The analyzer modules, in the order :func:`analyze` runs them (categories and timeline are
 #: libraries the others call: phasestats and activities).
-ANALYZERS = (phases, launches, activities, waits, latency, attainment, tracetype, collectives, phasestats, kernels,
-             critpath, layers, timeline, categories)
+ANALYZERS = (phases, launches, activities, waits, latency, attainment, tracetype, collectives, kernels, capturehint, precision,
+             oploss, smallkernels, phasestats, critpath, layers, timeline, categories)
 
 __all__ = ["ANALYZERS", "Analysis", "AnalysisOptions", "Finding", "SCHEMA_VERSION", "analyze", "report_steps",
            "step_records"]
@@ -85,16 +89,19 @@ def analyze(trace: Trace, options: AnalysisOptions | None = None, capture: Captu
     kind = tracetype.classify_trace(trace, steps, acts.frame, prep.inputs.spec is not None, split.workload.code)
     notes.extend(kind.notes)
     coll = collectives.collective_split(trace, acts.frame)
-    rows = phasestats.phase_rows(trace, acts.frame, steps, w, acts.devices, prep, acts.unreliable, kind.fragment_steps, coll)
+    graph_note = next((q for q in notes.issues if q.code == "graph_kernels_no_launch"), None)
+    kt = kernels.kernel_section(trace, acts.frame, steps, prep.inputs.peak, capture, prep.moe, graph_note)
+    for q in kt.notes:
+        notes.replace(q)
+    if capture is None:
+        notes.extend(capturehint.capture_suggestion(trace, kt.table, kernels.SHAPES_UNKNOWN[kernels.ORIGIN_GRAPH_NO_CAPTURE]))
+    rows = phasestats.phase_rows(trace, acts.frame, steps, w, acts.devices, prep, acts.unreliable, kind.fragment_steps, coll,
+                                 kt.table)
     notes.extend(rows.notes)
     if rows.fragment_steps:  # a fragment's time is not a step's: TTFT/TPOT/ITL from the whole steps only
         lat = latency.latency_findings(steps.drop(index=sorted(rows.fragment_steps)), phasestats.TPOT_FRAGMENTS)
     else:
         lat = latency.latency_findings(steps)
-    graph_note = next((q for q in notes.issues if q.code == "graph_kernels_no_launch"), None)
-    kt = kernels.kernel_section(trace, acts.frame, steps, prep.inputs.peak, capture, prep.moe, graph_note)
-    for q in kt.notes:
-        notes.replace(q)
     graph = depgraph.build_graph(trace, acts.frame)
     # one definition of causes: the path and the what-if read the gap classifier's host index
     # (first calls per shape, first launches) and the collectives' waits for peers

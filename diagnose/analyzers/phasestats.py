@@ -19,10 +19,14 @@ from diagnose.analyzers.timeline import gap_distribution, union_busy_ns, union_b
 from diagnose.analyzers.causerows import cause_rows
 from diagnose.analyzers.collectives import Collectives, phase_collectives
 from diagnose.analyzers.hostcause import HostCauses
+from diagnose.analyzers.oploss import op_classes as op_class_table
+from diagnose.analyzers.oploss import weight_roles
+from diagnose.analyzers.precision import precision_summaries
+from diagnose.analyzers.smallkernels import small_kernel_tax
 from diagnose.analyzers.waits import StepWaits, caused_gaps, idle_by_cause_ms, longest, outside_waits_ns
-from diagnose.model import Attainment, Device, Gaps, PhaseRow, PhaseTimes, TopKernel
+from diagnose.model import Attainment, Device, Gaps, OpClass, PhaseRow, PhaseTimes, Precision, TopKernel
 from diagnose.trace.model import NO_TIME, QualityIssue, Trace, per_unique
-from diagnose.vocab import CATEGORIES, STEP_PHASES
+from diagnose.vocab import CATEGORIES, EXTERNAL_CAUSES, STEP_PHASES
 
 #: Kernels shorter than this are "small": each costs about as much to launch as to run
 #: (a launch is ~5-10 µs of host time; project default, rationale in rules/small-kernel-tax.yaml).
@@ -39,13 +43,17 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
                 attainment: Attainment | None = None, own_ns: int | None = None, host: HostCauses | None = None,
                 t0: int = 0, outside: tuple[np.ndarray, np.ndarray] | None = None, trace: Trace | None = None,
                 psteps: pd.DataFrame | None = None, coll: Collectives | None = None,
-                pre: tuple | None = None) -> PhaseRow:
+                pre: tuple | None = None, op_classes: list[OpClass] | None = None,
+                precision: Precision | None = None) -> PhaseRow:
     """Timeline, category, gap-cause and top-kernel numbers of one phase on one device
     (``sub``: its activities; ``host``: what the host did, for the gap causes; ``outside``:
     sorted start/end ns of the steps' ``outside_trace`` waits on this device: a queued gap
     mostly inside one is ``outside_trace`` here too, so the two views agree; ``psteps``: the
     phase's steps, for the causes per step; ``coll``: the collectives' split, rows aligned
-    with the activity table ``sub`` was cut from; ``pre``: ``sub``'s gaps already explained)."""
+    with the activity table ``sub`` was cut from; ``pre``: ``sub``'s gaps already explained);
+    the idle share of the steps' own time, the small-kernel tax
+    (:mod:`diagnose.analyzers.smallkernels`), and the kernel table's op classes and precision
+    lever of this phase (``op_classes``, ``precision``)."""
     gaps, cg, dacts = caused_gaps(sub, host, outside, pre)
     dur = (sub["end_ns"] - sub["start_ns"]).to_numpy()
     cat_id = sub["category_id"].to_numpy()
@@ -82,6 +90,11 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
     graph_share = None
     if psteps is not None and len(psteps) and "graph_step" in psteps:
         graph_share = round(float(psteps["graph_step"].to_numpy(dtype=bool).mean()), 6)
+    by_cause = idle_by_cause_ms(cg)
+    own_window_ms = gaps.window_ns / 1e6 - sum(float(by_cause.get(c, 0.0)) for c in EXTERNAL_CAUSES)
+    idle_own = (max(0.0, own_window_ms - gaps.busy_ns / 1e6) / own_window_ms
+                if len(sub) and own_window_ms > 0 else None)
+    tax = small_kernel_tax(sub, own_ns) if own_ns else None
     times = PhaseTimes(
         name=name,
         device=device,
@@ -99,7 +112,7 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
         activity_count=int(len(sub)),
         categories_ms=categories_ms,
         gaps=gap_info,
-        idle_by_cause_ms=idle_by_cause_ms(cg),
+        idle_by_cause_ms=by_cause,
         causes=causes,
         graph_step_share=graph_share,
         collective_comm_ms=round(coll_comm / 1e6, 6),
@@ -112,6 +125,12 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
         comm_hidden_behind_ms={c: round(v / 1e6, 6) for c, v in comm.behind_ns.items()},
         top_kernels=top,
         unreliable=list(unreliable),
+        gpu_idle_own_share=_r(min(1.0, idle_own)) if idle_own is not None else None,
+        small_kernel_own_count=tax.count if tax is not None else None,
+        small_kernel_own_share=_r(tax.own_share) if tax is not None and tax.own_share is not None else None,
+        small_kernel_saving_ms=round(tax.saving_ns / 1e6, 6) if tax is not None else None,
+        op_classes=list(op_classes or ()),
+        precision=precision,
     )
     return PhaseRow.of(times, attainment if attainment is not None else NO_ATTAINMENT)
 
@@ -205,12 +224,14 @@ class PhaseRows:
 
 def phase_rows(trace: Trace, activities: pd.DataFrame, steps: pd.DataFrame, waits: StepWaits, devices: list[Device],
                prep: AttainmentPrep, unreliable: tuple[str, ...] = (), fragment_steps: tuple[int, ...] = (),
-               coll: Collectives | None = None) -> PhaseRows:
+               coll: Collectives | None = None, kernels: pd.DataFrame | None = None) -> PhaseRows:
     """One row for ``all`` per device, one per step phase present on it, and ``unknown`` for
     activity no step claims. ``steps``: the step table with every analyzer's columns;
-    ``fragment_steps``: the steps the trace-type test found to hold part of a forward."""
+    ``fragment_steps``: the steps the trace-type test found to hold part of a forward;
+    ``kernels``: the kernel table (its op classes and precision lever per phase)."""
     g = activities
     notes = Notes()
+    classes, prec = _kernel_advice(kernels, steps, prep)
     kw = {"host": waits.host, "t0": waits.t0_ns, "trace": trace, "coll": coll}
     graph_steps = prep.graph_steps
     devices_present = [d.id for d in devices]
@@ -242,11 +263,13 @@ def phase_rows(trace: Trace, activities: pd.DataFrame, steps: pd.DataFrame, wait
                 notes.note("fragment", f"{p}: the operators in the step windows account for {cov:.0%} of the model config's FLOPs: "
                            "the window holds part of a forward, so TPOT, MBU and the bound ratio cannot be read from it "
                            "(launch gaps and idle time still can)")
-            if att.achieved_tbps and att.peak_tbps and att.achieved_tbps > att.peak_tbps:
+            if att.achieved_tbps and att.peak_tbps and att.achieved_tbps > att.peak_tbps and "achieved_tbps" not in unrel:
                 notes.note("bandwidth_above_peak", f"{p}: achieved {att.achieved_tbps:.2f} TB/s exceeds the device peak {att.peak_tbps:.2f} TB/s: wrong peak, wrong model config, or a timing without synchronisation (S7)")
             wall = union_ns(ps["start_ns"].to_numpy(), ps["start_ns"].to_numpy() + ps["wall_ns"].to_numpy())
+            ckey = (-1 if dev is None else int(dev), p)
             phases.append(phase_stats(p, dev, sub, len(ps), wall, tuple(unrel), att, own_ns=int(ps["own_ns"].sum()), psteps=ps,
-                                      pre=_pre(waits, dev, p, len(sub), len(sub_all)), **kw))
+                                      pre=_pre(waits, dev, p, len(sub), len(sub_all)), op_classes=classes.get(ckey),
+                                      precision=prec.get(ckey), **kw))
         um = (sub_all["phase"] == "unknown").to_numpy()
         unk = sub_all[um]
         if len(unk):
@@ -265,6 +288,22 @@ def _pre(waits: StepWaits, dev: int | None, phase: str, n_sub: int, n_all: int) 
         return waits.devices[dev]
     pa = waits.phase_acts.get((dev, phase))
     return None if pa is None else (pa, None)
+
+
+def _kernel_advice(kernels: pd.DataFrame | None, steps: pd.DataFrame, prep: AttainmentPrep) -> tuple[dict, dict]:
+    """Per (device, phase): the kernel table's op classes (:func:`~diagnose.analyzers.oploss.op_classes`)
+    and precision lever (:class:`~diagnose.model.Precision`)."""
+    if kernels is None or len(kernels) == 0:
+        return {}, {}
+    peak, inp = prep.inputs.peak, prep.inputs
+    per_phase: dict[tuple[int, str], int] = {}
+    if len(steps) and "device_activity_count" in steps:
+        for ph, devs in zip(steps["phase"].to_numpy(dtype=object), steps["device_activity_count"].to_numpy(dtype=object)):
+            for d in (devs or {}):
+                per_phase[(int(d), str(ph))] = per_phase.get((int(d), str(ph)), 0) + 1
+    classes = op_class_table(kernels, peak, weight_roles(inp.spec, inp.tp), per_phase)
+    prec = {k: Precision(**vars(v)) for k, v in precision_summaries(kernels, peak).items()}
+    return classes, prec
 
 
 def _all_wall_ns(acts: pd.DataFrame, steps: pd.DataFrame) -> int:

@@ -168,9 +168,10 @@ def evaluate(rules: Sequence[Rule], findings: Mapping[str, Any], scope: str | It
         symptoms with ``stake_ms`` get their severity from the share at stake of the steps'
         own time (the GPU window without steps; :func:`severity_for_share`). One ranking rule
         (:func:`rank_ms`): a symptom's predicted saving where the critical path gives one
-        (``predicted_saving_ms``; its severity then follows the saving's share), else its
-        stake. Symptoms are ranked by severity, then rules that name a root cause (``kind:
-        cause``) before those that describe a symptom, then that time; those sharing a
+        (``predicted_saving_ms``; its severity then follows the saving's share), else its loss
+        against the roofline (``loss_ms``: kernel-table findings; severity from the loss's share),
+        else its stake. Symptoms are ranked by severity, then rules that name a root cause
+        (``kind: cause``) before those that describe a symptom, then that time; those sharing a
         ``cause`` are grouped under the first (``grouped_under``).
 
     Raises:
@@ -319,16 +320,17 @@ def _rank_time(entry: dict[str, Any], r: Rule, ev_findings: Mapping[str, Any], f
                savings: Callable[[Rule], float | None] | None) -> None:
     """A fired rule's time at stake (``stake_ms``); its share of the severity base
     (``stake_share``, named by ``stake_share_of``); the rule's own share (``share`` of
-    ``share_of``, ``share_base_ms``): the share its headline prints; its predicted saving
-    (``predicted_saving_ms``); which of them ranks it (``rank_basis``), and the severity that
-    follows the ranking time's share of the severity base (:func:`rank_ms`). Each share has
-    one denominator, named next to it."""
+    ``share_of``, ``share_base_ms``): the share its headline prints; its loss against the
+    roofline (``loss_ms``); its predicted saving (``predicted_saving_ms``); which of them ranks
+    it (``rank_basis``: predicted saving, else loss, else stake), and the severity that follows
+    the ranking time's share of the severity base (:func:`rank_ms`). Each share has one
+    denominator, named next to it."""
     window, window_of = _stake_base_ms(findings)
+    env = {mangle(n): x for n, x in ev_findings.items() if x is not None}
+    env.update(r.threshold_values())
     if r.stake_tree is not None:
-        senv = {mangle(n): x for n, x in ev_findings.items() if x is not None}
-        senv.update(r.threshold_values())
         try:
-            stake = eval_expression(r.stake_tree, senv)
+            stake = eval_expression(r.stake_tree, env)
         except (ZeroDivisionError, OverflowError, KeyError):
             stake = None
         if stake is not None:
@@ -345,6 +347,16 @@ def _rank_time(entry: dict[str, Any], r: Rule, ev_findings: Mapping[str, Any], f
                 entry["share"] = round(min(stake / base, 1.0), 6)
                 entry["share_of"] = SHARE_DENOMINATORS[of.rpartition(".")[2]]
                 entry["share_base_ms"] = round(base, 6)
+    if r.loss_tree is not None:
+        try:
+            loss = eval_expression(r.loss_tree, env)
+        except (ZeroDivisionError, OverflowError, KeyError):
+            loss = None
+        if loss is not None:
+            entry["loss_ms"] = round(loss, 6)
+            entry["rank_basis"] = "loss"
+            if window:
+                entry["severity"] = severity_for_share(min(loss / window, 1.0))
     saving = savings(r) if savings is not None and r.whatif else None
     if saving is not None:
         entry["predicted_saving_ms"] = round(saving, 6)
@@ -355,11 +367,14 @@ def _rank_time(entry: dict[str, Any], r: Rule, ev_findings: Mapping[str, Any], f
 
 def rank_ms(symptom: Mapping[str, Any]) -> float:
     """The time a symptom is ranked by (the report's one ranking rule): its predicted
-    step-time saving where the critical path gives one, else its stake (0 without either)."""
-    v = symptom.get("predicted_saving_ms")
-    if v is None:
-        v = symptom.get("stake_ms")
-    return float(v or 0.0)
+    step-time saving where the critical path gives one (``predicted_saving_ms``), else its
+    loss against the roofline (``loss_ms``: kernel-table findings), else its stake (0 without
+    any)."""
+    for key in ("predicted_saving_ms", "loss_ms", "stake_ms"):
+        v = symptom.get(key)
+        if v is not None:
+            return float(v)
+    return 0.0
 
 
 def _group(symptoms: list[dict[str, Any]]) -> None:

@@ -105,6 +105,8 @@ class Rule:
     cause: str = ""
     stake_ms: str = ""
     stake_tree: ast.Expression | None = field(default=None, repr=False)
+    loss_ms: str = ""
+    loss_tree: ast.Expression | None = field(default=None, repr=False)
     headline: str = ""
     labels: tuple[str, ...] = ()
     kind: str = "symptom"
@@ -288,6 +290,12 @@ def rule_from_dict(data: Any, where: str, expected_id: str | None = None, valida
         snames = {mangle(f): "finding" for f in (*requires, *evidence)}
         snames.update({k: "threshold" for k in thresholds})
         stake_tree = compile_expression(stake, snames, f"{where}: stake_ms")
+    loss = (data.get("loss_ms") or "").strip()
+    loss_tree = None
+    if loss:
+        lnames = {mangle(f): "finding" for f in (*requires, *evidence)}
+        lnames.update({k: "threshold" for k in thresholds})
+        loss_tree = compile_expression(loss, lnames, f"{where}: loss_ms")
     whatif = data.get("whatif")
     if whatif is not None:
         _check_whatif(whatif, where)
@@ -324,6 +332,8 @@ def rule_from_dict(data: Any, where: str, expected_id: str | None = None, valida
         cause=cause,
         stake_ms=stake,
         stake_tree=stake_tree,
+        loss_ms=loss,
+        loss_tree=loss_tree,
         headline=headline,
         labels=labels,
         kind=data.get("kind") or "symptom",
@@ -344,6 +354,9 @@ def _check_whatif(spec: Mapping[str, Any], where: str) -> None:
             parse_speedup(f"{cat}={f}")
     except DiagnoseError as e:
         raise RuleError(f"{where}: whatif: {e}") from None
+    if spec.get("roofline") not in (None, "all", "second"):
+        raise RuleError(f"{where}: whatif: roofline is 'all' (every op class at its roofline) or 'second' "
+                        f"(the class with the second largest loss), not {spec.get('roofline')!r}")
 
 
 def parse_yaml(text: str, where: str, user: bool = True) -> Any:

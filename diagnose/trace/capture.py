@@ -235,3 +235,56 @@ def load_capture_mapping(capture_trace: str) -> CaptureMapping:
     if not begins:
         out.notes.append("no StreamBeginCapture in the trace: not a graph-capture trace")
     return out
+
+
+#: Sibling files probed for a capture pass, at most; uncompressed bytes read from each.
+PROBE_FILES = 16
+PROBE_BYTES = 64 * 10**6
+#: Sibling files larger than this (compressed) are not probed.
+PROBE_MAX_FILE_BYTES = 512 * 10**6
+_CAPTURE_CALL = (b"StreamBeginCapture",)
+
+
+def find_capture_passes(trace_path: str) -> list[str]:
+    """Kineto files beside ``trace_path`` that are graph *capture* passes: their events hold a
+    ``*StreamBeginCapture`` call within their first :data:`PROBE_BYTES` uncompressed bytes.
+    Files whose name says "capture" are probed first; at most :data:`PROBE_FILES` files of at
+    most :data:`PROBE_MAX_FILE_BYTES` each. Nothing is loaded: the caller only names them
+    (``--capture-trace PATH``). Unreadable files are skipped.
+
+    Returns:
+        Paths (as found beside ``trace_path``), at most 3.
+    """
+    import gzip
+    import zlib
+
+    folder = os.path.dirname(trace_path) or "."
+    me = os.path.basename(trace_path)
+    try:
+        names = [n for n in os.listdir(folder) if n != me and n.endswith((".json", ".json.gz"))]
+    except OSError:
+        return []
+    names.sort(key=lambda n: ("capture" not in n.lower(), n))
+    found: list[str] = []
+    for n in names[:PROBE_FILES]:
+        p = os.path.join(folder, n)
+        try:
+            if not os.path.isfile(p) or os.path.getsize(p) > PROBE_MAX_FILE_BYTES:
+                continue
+            opener = gzip.open if n.endswith(".gz") else open
+            with opener(p, "rb") as f:
+                tail, read = b"", 0
+                while read < PROBE_BYTES:
+                    chunk = f.read(1 << 20)
+                    if not chunk:
+                        break
+                    read += len(chunk)
+                    if any(c in tail + chunk for c in _CAPTURE_CALL):
+                        found.append(p)
+                        break
+                    tail = chunk[-32:]
+        except (OSError, EOFError, zlib.error, gzip.BadGzipFile):
+            continue
+        if len(found) >= 3:
+            break
+    return found
