@@ -25,7 +25,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from diagnose.report import fmt
-from diagnose.vocab import SEVERITY_COLORS
+from diagnose.vocab import SEVERITY_COLORS, STEP_PHASES
 from diagnose.app import pagetext as _words
 from diagnose.app.timeline import (  # noqa: F401  (re-exported: the figure builders live here)
     CATEGORY_COLORS,
@@ -520,15 +520,19 @@ def not_evaluated_data(report: Mapping) -> list[dict]:
 
 
 def key_numbers(report: Mapping) -> list[dict]:
-    """Headline numbers for the overview: TTFT, TPOT p50/p99, GPU idle and launch-gap share."""
+    """Headline numbers for the overview: TTFT, TPOT p50/p99, GPU idle on the main step phase's own time
+    and on the whole window (labelled so), launch-gap share."""
     lat = report.get("latency") or {}
-    allp = phases_for_device(report).get("all") or {}
-    tp = lat.get("tpot_ms") or {}
+    rows = phases_for_device(report)
+    allp, tp = rows.get("all") or {}, lat.get("tpot_ms") or {}
+    main = max((p for n, p in rows.items() if n in STEP_PHASES), key=lambda p: p.get("own_ms") or 0.0, default=None)
     return [
         {"id": "ttft", "label": "TTFT (first prefill step)", "value": lat.get("ttft_ms"), "unit": "ms"},
         {"id": "tpot-p50", "label": "TPOT p50", "value": tp.get("p50"), "unit": "ms"},
         {"id": "tpot-p99", "label": "TPOT p99", "value": tp.get("p99"), "unit": "ms"},
-        {"id": "idle", "label": "GPU idle share", "value": allp.get("gpu_idle_share"), "unit": "share"},
+        {"id": "idle", "label": f"GPU idle, {main['name']} steps' own time" if main else "GPU idle (no steps)",
+         "value": main.get("gpu_idle_own_share") if main else None, "unit": "share"},
+        {"id": "idle-window", "label": "GPU idle, whole window", "value": allp.get("gpu_idle_share"), "unit": "share"},
         {"id": "launch-gap", "label": "launch-gap share", "value": allp.get("launch_gap_share"), "unit": "share"},
     ]
 

@@ -173,11 +173,15 @@ def main() -> None:
               help="Also write the report as one self-contained HTML file (opens offline).")
 @click.option("--layers", "show_layers", is_flag=True,
               help="Print the whole layer x op-class table (the coverage line and a layer summary are always printed).")
+@click.option("--full", is_flag=True,
+              help="Terminal report: every table whole (by default the report fits 50 lines of the terminal's width, "
+                   "100 columns when output is not a terminal; COLUMNS sets it).")
 @analysis_options
 @rule_options
 @guarded
 def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: str, scheduler: str | None, fmt: str,
                 phase_alias: tuple[str, ...], out_path: str | None, html_path: str | None, show_layers: bool = False,
+                full: bool = False,
                 **shared) -> None:
     """Analyse a trace and print the report; with several traces (--trace repeated or
     --trace-dir), analyse them in parallel and print one row per rank with stragglers marked.
@@ -240,7 +244,7 @@ def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: s
     if fmt == "text":
         from diagnose.report.terminal import render
 
-        render(analysis, layers=show_layers)
+        render(analysis, full=full, layers=show_layers)
         if html_path:
             click.echo(f"HTML report: {html_path}")
 

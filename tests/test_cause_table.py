@@ -359,12 +359,17 @@ def test_terminal_gap_table_names_its_origin_in_100_columns(decode0):
     from diagnose.report.terminal import render_report
 
     con = Console(record=True, width=100, color_system="truecolor", file=StringIO())
-    render_report(decode0.to_dict(), console=con)
+    render_report(decode0.to_dict(), console=con)  # the 50-line report: within 100 columns
+    assert max(len(x) for x in con.export_text().splitlines()) <= 100
+    # --full prints the gap table whole: its title says where "start ms" counts from
+    con = Console(record=True, width=100, color_system="truecolor", file=StringIO())
+    render_report(decode0.to_dict(), console=con, full=True)
     text = con.export_text(clear=False)
     lines = text.splitlines()
     assert max(len(x) for x in lines) <= 100
-    i = next(n for n, x in enumerate(lines) if "start ms" in x)
-    assert [lines[i + k].split("┃")[1].strip() for k in range(3)] == ["start ms", "from trace", "start"]
+    i = next(n for n, x in enumerate(lines) if x.startswith("Longest gaps"))
+    assert lines[i].strip() == "Longest gaps (start: ms from the trace start)"
+    assert lines[i + 2].split()[:2] == ["start", "ms"]
     html = con.export_html(inline_styles=True)
     for c in ("launch", "host_blocked", "switch", "host_compute"):  # the legend, in the table's order
         assert re.search(rf'color: {CAUSE_COLORS[c]}[^"]*">{c}</span><span[^>]*>: ', html), c
