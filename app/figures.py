@@ -520,10 +520,8 @@ def not_evaluated_data(report: Mapping) -> list[dict]:
 
 
 def key_numbers(report: Mapping) -> list[dict]:
-    """Headline numbers for the overview: TTFT, TPOT p50/p99, GPU idle on the main step phase's own time
-    and on the whole window (labelled so), launch-gap share."""
-    lat = report.get("latency") or {}
-    rows = phases_for_device(report)
+    """TTFT, TPOT p50/p99, GPU idle on the main phase's own time and on the window, launch gaps."""
+    lat, rows = report.get("latency") or {}, phases_for_device(report)
     allp, tp = rows.get("all") or {}, lat.get("tpot_ms") or {}
     main = max((p for n, p in rows.items() if n in STEP_PHASES), key=lambda p: p.get("own_ms") or 0.0, default=None)
     return [

@@ -159,9 +159,9 @@ def test_terminal_kernel_table_carries_the_device(tmp_path):
     path = two_device_trace().write(tmp_path / "two.json")
     text = _run("run", "--trace", path).output
     header = next(line for line in text.splitlines() if "input dims" in line)
-    assert header.split("┃")[1].strip() == "device"
-    rows = [line for line in text.splitlines() if "gemm_kernel" in line and "│" in line]
-    assert {line.split("│")[1].strip() for line in rows} >= {"0", "1"}
+    assert header.split()[0] == "dev"
+    rows = [line for line in text.splitlines() if "gemm_kernel" in line]
+    assert {line.split()[0] for line in rows} >= {"0", "1"}
 
 
 # ---------------------------------------------------------------- compare and sweep pair devices

@@ -295,8 +295,7 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
     links = _link_ops(trace, g, capture, steps)
     name_codes, src, origin, sources, cap_stats = links.name_codes, links.src, links.origin, links.sources, links.cap_stats
     n_all = len(g)
-    # ---- kernels only from here
-    k = np.nonzero(is_k)[0]
+    k = np.nonzero(is_k)[0]  # kernels only from here
     dur = (g["end_ns"].to_numpy(dtype=np.int64)[k] - g["start_ns"].to_numpy(dtype=np.int64)[k]).astype(np.float64)
     ksrc, korigin = src[k], origin[k]
     dev_c, dev_u = _codes(g["device"].iloc[k] if len(k) < n_all else g["device"])
@@ -331,8 +330,8 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
     op_name, op_dims, op_types = (_row_op_column(r_src, n_src, codes, uniques) for codes, uniques in cols[:3])
     tflops, tbps, ai, share = _rates(row_flops, row_bytes, total_ns, phase_ns[fk_i])
     dtype, dtype_src = row_dtypes(kernel_names, op_name, op_types)
-    pk_f = row_peaks(dtype, peak)  # each row against its dtype's compute peak
-    pk_b = peak.memory_bandwidth_tbps if peak is not None else None
+    # each row against its dtype's compute peak
+    pk_f, pk_b = row_peaks(dtype, peak), (peak.memory_bandwidth_tbps if peak is not None else None)
     r_model, r_note = _row_models(cost_model[ck_c[fk_i]], cost_note[ck_c[fk_i]].copy(), k_model, k_note, k_layer, fk_i, gid)
     if peak is not None:
         _drop_over_peak(r_model, r_note, tflops, tbps, ai, row_flops, row_bytes, pk_f, pk_b)

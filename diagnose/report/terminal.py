@@ -94,8 +94,8 @@ class Block:
 
 
 #: The order in which sections give up lines to fit the budget (first: first to shrink).
-TRIM_ORDER = ("quality", "not_evaluated", "sources", "latency", "waits", "kernels", "classes", "path", "layers", "symptoms",
-              "phases")
+TRIM_ORDER = ("categories", "quality", "not_evaluated", "sources", "latency", "waits", "kernels", "classes", "path",
+              "layers", "symptoms", "phases")
 
 
 def render(analysis: Analysis, console: Console | None = None, full: bool = False, layers: bool = False) -> None:
@@ -178,9 +178,10 @@ def report_blocks(d: dict[str, Any], metadata: dict | None, full: bool, width: i
     (``layers_hint``: the layer lines point at ``--layers``)."""
     blocks = [Block("header", [_header(d, metadata)]), Block("headline", [_headline(d)]),
               Block("symptoms", _symptoms(d, full, width)), Block("hints", [_hints(d)]),
-              Block("path", _path(d)), Block("layers", _layers(d, layers_hint)), Block("phases", _phases(d, full, width)), Block("sources", [_sources(d), []]),
+              Block("path", _path(d)), Block("layers", _layers(d, layers_hint)), Block("phases", _phases(d, full, width)),
+              Block("sources", [_sources(d), []]),
               Block("latency", _latency(d, full)), Block("waits", _waits(d, full, width)),
-              Block("classes", _classes(d)), Block("kernels", _kernels(d, full, width)),
+              Block("categories", _categories(d, full)), Block("classes", _classes(d)), Block("kernels", _kernels(d, full, width)),
               Block("not_evaluated", _not_evaluated(d, full)), Block("quality", _quality(d, full))]
     return [b for b in blocks if any(b.levels)]
 
@@ -359,6 +360,22 @@ def _waits(d: dict[str, Any], full: bool, width: int = DEFAULT_WIDTH) -> list[li
         return [waits_lines(d, gaps=99, steps=8, legend=True)]
     return [waits_lines(d, gaps=g, steps=s, legend=False, width=width, key=k)
             for g, s, k in ((5, 3, True), (3, 1, False), (1, 1, False), (0, 0, False))]
+
+
+def _categories(d: dict[str, Any], full: bool) -> list[list[Any]]:
+    """One line per step phase and device: its time per kernel category (busy unions, ms);
+    ``full`` adds its launch gaps."""
+    out: list[Any] = []
+    for p in d["phases"]:
+        if p["name"] == "all" or p["activity_count"] == 0:
+            continue
+        cats = ", ".join(f"{k} {v:.3f}" for k, v in sorted(p["categories_ms"].items(), key=lambda kv: -kv[1]))
+        out.append(Text(safe(f"{p['name']} (device {p['device']}): categories ms: {cats}")))
+        g = p["gaps"]["launch"]
+        if full and g["count"]:
+            out.append(Text(f"  launch gaps: {g['count']}, p50 {g['p50_us']} µs, p99 {g['p99_us']} µs, "
+                            f"max {g['max_us']} µs, total {g['total_us']} µs", style="dim"))
+    return [out] if full else [out, []]
 
 
 def _classes(d: dict[str, Any]) -> list[list[Any]]:
