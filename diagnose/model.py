@@ -27,20 +27,18 @@ and the goldens (``pytest tests/test_golden.py --update-golden``: additions only
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal, Union
 
 import msgspec
-from msgspec import UNSET, Meta, Struct, UnsetType, field
+from msgspec import UNSET, UnsetType, field
 
 from diagnose import vocab
+from diagnose.model_base import Dtype, NonNegative, Number, Record, Share, _enc_hook  # noqa: F401  (re-exported)
+from diagnose.model_cost import CostTerm, OpClass, Precision
 
 SCHEMA_VERSION = 2
 
-# ---------------------------------------------------------------- value types
-
-Share = Annotated[float, Meta(ge=0, le=1, description="fraction in [0, 1]")]
-NonNegative = Annotated[float, Meta(ge=0)]
-Number = Union[int, float]
+# ---------------------------------------------------------------- value types (more in diagnose.model_base)
 
 PhaseName = Literal[vocab.PHASES]  # type: ignore[valid-type]
 StepPhase = Literal[vocab.STEP_PHASES + ("unknown",)]  # type: ignore[valid-type]
@@ -55,18 +53,9 @@ PathStart = Literal[vocab.PATH_STARTS]  # type: ignore[valid-type]
 #: What a share is a share of (README "Shares and their denominators"): the steps' own time,
 #: the phase's own GPU window (external idle left out), the GPU busy union, the kernel busy union.
 ShareOf = Literal["step_span", "phase_window", "busy_union", "kernel_time"]
-Dtype = Literal[vocab.DTYPES]  # type: ignore[valid-type]
 
 #: The rules' flat namespace: ``{dotted name: number or None}`` (:mod:`diagnose.findings`).
 Findings = dict[str, Union[int, float, None]]
-
-
-class Record(Struct, frozen=True, kw_only=True):
-    """Base of every report record: frozen, keyword-only, encoded in field order."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """This record as JSON-able builtins (what the JSON report holds)."""
-        return msgspec.to_builtins(self, enc_hook=_enc_hook)
 
 
 # ---------------------------------------------------------------- trace and setup
@@ -212,67 +201,6 @@ class TopKernel(Record, kw_only=True):
     count: int
     total_ms: float
     kernel_time_share: Share | None = field(name="share")
-
-
-class CostTerm(Record, kw_only=True):
-    """One FLOP/byte term of a phase's steps (summed over them), with where each number
-    comes from (:func:`diagnose.accounting.step_cost`; README "Engine FLOPs")."""
-
-    name: Literal["linear", "experts", "lm_head", "embedding", "attention", "kv_cache", "gemm", "moe"]
-    flops: float | None
-    bytes: float | None
-    flops_source: Literal["config", "marker", "shapes"] | None
-    bytes_source: Literal["config", "marker", "shapes"] | None
-
-
-class OpRole(Record, kw_only=True):
-    """The GEMMs of one weight inside an op class (README "Op classes and their loss")."""
-
-    name: str
-    calls: int
-    total_ms: float
-    loss_ms: NonNegative | None
-    attainment: Share | None
-    dtype: Dtype | None
-
-
-class OpClass(Record, kw_only=True):
-    """What one kind of kernel costs a phase against the roofline (:mod:`diagnose.analyzers.oploss`):
-    kernel time, roofline time (max of FLOPs / the dtype's peak and bytes / bandwidth, over
-    the rows whose work is known), the loss (the difference), its share of the binding peak
-    (``attainment``) and, for GEMMs, the same per weight (``roles``)."""
-
-    name: str
-    label: str
-    calls: int
-    total_ms: float
-    unknown_ms: float
-    roofline_ms: float | None
-    loss_ms: NonNegative | None
-    loss_step_ms: NonNegative | None
-    attainment: Share | None
-    peak: Literal["bandwidth", "compute"] | None
-    dtype: Dtype | None
-    small: bool
-    roles: list[OpRole]
-
-
-class Precision(Record, kw_only=True):
-    """fp32 matrix work without tensor cores in a phase, and what the precision lever would
-    save (:mod:`diagnose.analyzers.precision`)."""
-
-    fp32_matrix_ms: float
-    fp32_matrix_share: Share | None
-    gain: float | None
-    lever: Literal["tf32", "bf16"] | None
-    saving_ms: NonNegative | None
-    bf16_gain: float | None
-
-
-#: The roofline fields of a phase row, in report order (:class:`Attainment`).
-ATTAINMENT_FIELDS = ("flops", "bytes", "achieved_tflops", "achieved_tbps", "mfu", "mbu", "arithmetic_intensity",
-                     "bound", "bound_ratio", "peak_tflops", "peak_tbps", "flops_source", "bytes_source",
-                     "forward_coverage", "bound_s", "terms", "attainment_missing")
 
 
 class Attainment(Record, kw_only=True):
@@ -769,20 +697,6 @@ class Report(Record, kw_only=True):
 
 
 # ---------------------------------------------------------------- JSON
-
-
-def _enc_hook(obj: Any) -> Any:
-    import numpy as np
-
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.floating):
-        return None if np.isnan(obj) else float(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
 _encoder = msgspec.json.Encoder(enc_hook=_enc_hook)

@@ -174,7 +174,8 @@ LAYERS = ("base", "trace", "analyzers", "findings", "engine", "pipeline", "top")
 #: ``report.fmt`` imports nothing of the project, so every layer formats numbers one way.
 #: ``cause_table`` reads the cause table (diagnose/data/causes.yaml) the vocabulary exposes.
 BASE = {"diagnose", "diagnose.errors", "diagnose.vocab", "diagnose.cause_table", "diagnose.numeric", "diagnose.textsafe", "diagnose.yamlio",
-        "diagnose.tables", "diagnose.options", "diagnose.clitypes", "diagnose.model", "diagnose.report",
+        "diagnose.tables", "diagnose.options", "diagnose.clitypes", "diagnose.model", "diagnose.model_base",
+        "diagnose.model_cost", "diagnose.report",
         "diagnose.report.fmt", "diagnose.hardware", "diagnose.roofline", "diagnose.fuzzing", "diagnose.data",
         "diagnose.rules", "diagnose.samples",
         # input validation shared by every layer: number checks, side-file reading, bounded patterns

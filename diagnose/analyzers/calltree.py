@@ -14,6 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from diagnose.analyzers.graphmap import ORIGIN_CALL_TREE, ORIGIN_CALL_TREE_NODIMS, OpSources
+from diagnose.trace.model import NO_TIME
+
 
 def enclosing_ops(ops: pd.DataFrame, tids: np.ndarray, times: np.ndarray) -> np.ndarray:
     """For each query (thread ``tids[i]``, time ``times[i]``, ns), the row of ``ops`` of the
@@ -60,6 +63,34 @@ def enclosing_ops(ops: pd.DataFrame, tids: np.ndarray, times: np.ndarray) -> np.
             live &= c >= 0
         out[q[live]] = rows[c[live]]
     return out
+
+
+def link_call_tree(g: pd.DataFrame, ops: pd.DataFrame, src: np.ndarray, inst: np.ndarray, origin: np.ndarray,
+                   sources: OpSources) -> None:
+    """In place: activities no ``External id`` linked get the innermost operator open at their
+    launch call's start on the launching thread (:func:`~diagnose.analyzers.calltree.enclosing_ops`);
+    graph replays keep their own mapping (their launch is the graph's, not a node's)."""
+    if "launch_tid" not in g or "launch_start_ns" not in g:
+        return
+    need = (src < 0) & (g["launch_tid"].to_numpy(dtype=np.int64) >= 0) & (g["launch_start_ns"].to_numpy(dtype=np.int64) != NO_TIME)
+    if "launch_kind" in g:
+        need &= g["launch_kind"].to_numpy(dtype=object) != "graph_launch"
+    idx = np.nonzero(need)[0]
+    if len(idx) == 0:
+        return
+    row = enclosing_ops(ops, g["launch_tid"].to_numpy(dtype=np.int64)[idx], g["launch_start_ns"].to_numpy(dtype=np.int64)[idx])
+    ok = row >= 0
+    if not ok.any():
+        return
+    idx, row = idx[ok], row[ok]
+    op_code, used = pd.factorize(row, sort=False)
+    cols_used = [ops[c].take(used).to_numpy(dtype=object) if c in ops else np.full(len(used), None, dtype=object)
+                 for c in ("name", "input_dims", "input_types", "concrete_inputs")]
+    off = sources.extend(*cols_used)
+    src[idx] = off + op_code
+    inst[idx] = row
+    has_dims = ~pd.isna(cols_used[1])
+    origin[idx] = np.where(has_dims[op_code], ORIGIN_CALL_TREE, ORIGIN_CALL_TREE_NODIMS)
 
 
 def _parents(s: np.ndarray, e: np.ndarray) -> np.ndarray:

@@ -58,9 +58,8 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from diagnose.analyzers.calltree import enclosing_ops
+from diagnose.analyzers.calltree import link_call_tree
 from diagnose.analyzers.graphmap import (
-    ORIGIN_CALL_TREE,
     ORIGIN_CALL_TREE_NODIMS,
     ORIGIN_CAPTURE,
     ORIGIN_CAPTURE_NODIMS,
@@ -92,7 +91,7 @@ from diagnose.analyzers.opcost import (
 from diagnose.hardware import GpuPeak
 from diagnose.model import Capture, KernelRow
 from diagnose.trace.capture import CaptureMapping
-from diagnose.trace.model import NO_TIME, QualityIssue, Trace, factorize
+from diagnose.trace.model import QualityIssue, Trace, factorize
 
 _dec = msgspec.json.Decoder()
 
@@ -335,11 +334,7 @@ def kernel_table(trace: Trace, activities: pd.DataFrame | None, peak: GpuPeak | 
     r_model, r_note = _row_models(cost_model[ck_c[fk_i]], cost_note[ck_c[fk_i]].copy(), k_model, k_note, k_layer, fk_i, gid)
     if peak is not None:
         _drop_over_peak(r_model, r_note, tflops, tbps, ai, row_flops, row_bytes, pk_f, pk_b)
-    bound = np.full(n_rows, None, dtype=object)
-    if pk_b:
-        ridge = pk_f / pk_b
-        known = ~np.isnan(ai) & ~np.isnan(ridge)
-        bound[known] = np.where(ai[known] >= ridge[known], "compute", "memory")
+    bound = _bounds(ai, pk_f, pk_b)
     data = {
         "device": dev_u[dev_c[fk_i]].astype(np.int64),
         "phase": ph_u[ph_c[fk_i]],
@@ -388,6 +383,17 @@ def _per_kernel(out: dict | None, k: np.ndarray, ksrc: np.ndarray, n_src: int, c
     out.update(rows=k, op=np.where(ksrc >= 0, op_of, None), flops=np.where(np.isnan(row_flops[gid]), np.nan, fk),
                bytes=np.where(np.isnan(row_bytes[gid]), np.nan, bk),
                module=modules[k] if modules is not None else np.full(len(k), None, dtype=object))
+
+
+def _bounds(ai: np.ndarray, pk_f: np.ndarray, pk_b: float | None) -> np.ndarray:
+    """Per row, "compute" or "memory": its arithmetic intensity against the ridge point of its
+    dtype's compute peak over the bandwidth (None where either is unknown)."""
+    bound = np.full(len(ai), None, dtype=object)
+    if pk_b:
+        ridge = pk_f / pk_b
+        known = ~np.isnan(ai) & ~np.isnan(ridge)
+        bound[known] = np.where(ai[known] >= ridge[known], "compute", "memory")
+    return bound
 
 
 def _row_sum(gid: np.ndarray, per_kernel: np.ndarray, n_rows: int) -> np.ndarray:
@@ -501,7 +507,7 @@ def _link_ops(trace: Trace, g: pd.DataFrame, capture, steps: pd.DataFrame | None
             inst[hit] = op_row
             has_dims = ~pd.isna(cols_used[1])
             origin[hit] = np.where(has_dims[op_code], ORIGIN_TRACE, ORIGIN_TRACE_NODIMS)
-        _link_call_tree(g, ops, src, inst, origin, sources)
+        link_call_tree(g, ops, src, inst, origin, sources)
     graph = (g["launch_kind"].to_numpy(dtype=object) == "graph_launch") if "launch_kind" in g else np.zeros(n_all, bool)
     if not nsys:
         origin[graph & (src < 0)] = ORIGIN_GRAPH_NO_CAPTURE
@@ -520,34 +526,6 @@ def _link_ops(trace: Trace, g: pd.DataFrame, capture, steps: pd.DataFrame | None
         origin[origin == ORIGIN_GRAPH_NO_CAPTURE] = ORIGIN_GRAPH_UNMATCHED
 
     return _OpLinks(name_codes, names, src, inst, origin, sources, cap_stats, modules)
-
-
-def _link_call_tree(g: pd.DataFrame, ops: pd.DataFrame, src: np.ndarray, inst: np.ndarray, origin: np.ndarray,
-                    sources: OpSources) -> None:
-    """In place: activities no ``External id`` linked get the innermost operator open at their
-    launch call's start on the launching thread (:func:`~diagnose.analyzers.calltree.enclosing_ops`);
-    graph replays keep their own mapping (their launch is the graph's, not a node's)."""
-    if "launch_tid" not in g or "launch_start_ns" not in g:
-        return
-    need = (src < 0) & (g["launch_tid"].to_numpy(dtype=np.int64) >= 0) & (g["launch_start_ns"].to_numpy(dtype=np.int64) != NO_TIME)
-    if "launch_kind" in g:
-        need &= g["launch_kind"].to_numpy(dtype=object) != "graph_launch"
-    idx = np.nonzero(need)[0]
-    if len(idx) == 0:
-        return
-    row = enclosing_ops(ops, g["launch_tid"].to_numpy(dtype=np.int64)[idx], g["launch_start_ns"].to_numpy(dtype=np.int64)[idx])
-    ok = row >= 0
-    if not ok.any():
-        return
-    idx, row = idx[ok], row[ok]
-    op_code, used = pd.factorize(row, sort=False)
-    cols_used = [ops[c].take(used).to_numpy(dtype=object) if c in ops else np.full(len(used), None, dtype=object)
-                 for c in ("name", "input_dims", "input_types", "concrete_inputs")]
-    off = sources.extend(*cols_used)
-    src[idx] = off + op_code
-    inst[idx] = row
-    has_dims = ~pd.isna(cols_used[1])
-    origin[idx] = np.where(has_dims[op_code], ORIGIN_CALL_TREE, ORIGIN_CALL_TREE_NODIMS)
 
 
 def _op_keys(sources: OpSources) -> tuple[int, list, np.ndarray, int, np.ndarray]:

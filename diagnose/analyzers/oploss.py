@@ -29,7 +29,8 @@ import pandas as pd
 
 from diagnose.accounting import ModelSpec
 from diagnose.hardware import GpuPeak
-from diagnose.model import OpClass, OpRole
+from diagnose.model import OpClass
+from diagnose.model_cost import OpRole
 
 FINDINGS = declared("oploss")
 
