@@ -5,7 +5,6 @@ that tell same-named trace files apart. No dash here: :mod:`diagnose.app.figures
 :mod:`diagnose.app.server` render these."""
 from __future__ import annotations
 
-import math
 import os
 import re
 from functools import lru_cache
@@ -172,15 +171,8 @@ def distinct_labels(paths: Sequence[str]) -> list[str]:
         out.append(label)
     return out
 
-def _num(v: Any) -> float | None:
-    """A finite float, or None (None, NaN, non-numbers)."""
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
+#: A finite float, or None (None, bools, NaN, inf, non-numbers): the report formatter's own test.
+_num = fmt._finite
 
 
 def fmt_value(v: Any, unit: str = "") -> str:

@@ -7,29 +7,19 @@ has none, checks the "no symptom" banner.
 """
 from __future__ import annotations
 
-import logging
 import re
-import shutil
-import threading
 from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-if not CHROMIUM.exists() or not (CHROMEDRIVER.exists() or shutil.which("chromedriver")):
-    pytest.skip("headless Chromium not installed (apt-get install chromium chromium-driver)", allow_module_level=True)
-pytest.importorskip("dash")
-webdriver = pytest.importorskip("selenium.webdriver")
+from browser_support import WAIT_S, chrome, served  # noqa: E402  (skips the module without a browser)
 
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-from werkzeug.serving import make_server  # noqa: E402
 
 from diagnose.app.html import write_html  # noqa: E402
 from diagnose.app.server import create_app  # noqa: E402
@@ -40,7 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 VLLM = ROOT.parent / "shared" / "traces" / "tracelens" / "vllm_decode_full" / "graph_execution.json.gz"
 TINY = ROOT / "samples" / "tiny_cpu.json.gz"
 
-WAIT_S = 30
 
 
 @pytest.fixture(scope="module")
@@ -54,29 +43,14 @@ def analyses():
 
 @pytest.fixture(scope="module")
 def base_url(analyses):
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    app = create_app([str(VLLM), str(TINY)], list(analyses))
-    srv = make_server("127.0.0.1", 0, app.server, threaded=True)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    yield f"http://127.0.0.1:{srv.server_port}"
-    srv.shutdown()
-    th.join(timeout=10)
+    with served(create_app([str(VLLM), str(TINY)], list(analyses))) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def driver():
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = str(CHROMIUM)
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-              "--no-first-run", "--window-size=1400,1000"):
-        opts.add_argument(a)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    path = str(CHROMEDRIVER) if CHROMEDRIVER.exists() else shutil.which("chromedriver")
-    d = webdriver.Chrome(service=Service(path), options=opts)
-    yield d
-    d.quit()
+    with chrome(browser_log=True) as d:
+        yield d
 
 
 def _plot(graph_id: str) -> str:

@@ -6,35 +6,23 @@ Skipped when Chromium, chromedriver, selenium or dash are absent, or without the
 """
 from __future__ import annotations
 
-import logging
-import shutil
-import threading
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-if not CHROMIUM.exists() or not (CHROMEDRIVER.exists() or shutil.which("chromedriver")):
-    pytest.skip("headless Chromium not installed (apt-get install chromium chromium-driver)", allow_module_level=True)
-pytest.importorskip("dash")
-webdriver = pytest.importorskip("selenium.webdriver")
+from browser_support import WAIT_S, chrome, served  # noqa: E402  (skips the module without a browser)
 
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-from werkzeug.serving import make_server  # noqa: E402
 
 from conftest import shared_trace  # noqa: E402
 from diagnose.app.html import write_html  # noqa: E402
 from diagnose.app.server import create_app  # noqa: E402
 from diagnose.pipeline import run_analysis  # noqa: E402
 
-WAIT_S = 30
 VLLM_FULL = "tracelens/vllm_decode_full/graph_execution.json.gz"
 
 #: A heat-strip cell's centre relative to the centre of the plot's drag layer (where plotly
@@ -61,16 +49,8 @@ def analysis():
 
 @pytest.fixture(scope="module")
 def driver():
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = str(CHROMIUM)
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-              "--no-first-run", "--window-size=1400,1000"):
-        opts.add_argument(a)
-    path = str(CHROMEDRIVER) if CHROMEDRIVER.exists() else shutil.which("chromedriver")
-    d = webdriver.Chrome(service=Service(path), options=opts)
-    yield d
-    d.quit()
+    with chrome(browser_log=False) as d:
+        yield d
 
 
 def _click_cell(driver, strip, layer: str, op_class: str) -> None:
@@ -97,14 +77,8 @@ def test_html_strip_click_highlights_the_cells_kernels(driver, analysis, tmp_pat
 
 @pytest.fixture(scope="module")
 def base_url(analysis):
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    app = create_app([str(shared_trace(VLLM_FULL))], [analysis])
-    srv = make_server("127.0.0.1", 0, app.server, threaded=True)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    yield f"http://127.0.0.1:{srv.server_port}"
-    srv.shutdown()
-    th.join(timeout=10)
+    with served(create_app([str(shared_trace(VLLM_FULL))], [analysis])) as url:
+        yield url
 
 
 def test_web_strip_click_zooms_the_timeline_to_the_cells_kernels(driver, base_url):
