@@ -82,15 +82,23 @@ def link_call_tree(g: pd.DataFrame, ops: pd.DataFrame, src: np.ndarray, inst: np
     ok = row >= 0
     if not ok.any():
         return
-    idx, row = idx[ok], row[ok]
-    op_code, used = pd.factorize(row, sort=False)
+    assign_ops(ops, idx[ok], row[ok], src, inst, origin, sources, ORIGIN_CALL_TREE, ORIGIN_CALL_TREE_NODIMS)
+
+
+def assign_ops(ops: pd.DataFrame, sel, op_row: np.ndarray, src: np.ndarray, inst: np.ndarray, origin: np.ndarray,
+               sources: OpSources, with_dims: int, without_dims: int) -> None:
+    """In place: activities ``sel`` (positions or a boolean mask) get the operator rows
+    ``op_row`` of ``ops``: one source per distinct op call (name, input dims/types, concrete
+    inputs), the call's row as its instance, and the origin ``with_dims`` or ``without_dims``
+    by whether the call carries input dims."""
+    op_code, used = pd.factorize(op_row, sort=False)
     cols_used = [ops[c].take(used).to_numpy(dtype=object) if c in ops else np.full(len(used), None, dtype=object)
                  for c in ("name", "input_dims", "input_types", "concrete_inputs")]
     off = sources.extend(*cols_used)
-    src[idx] = off + op_code
-    inst[idx] = row
+    src[sel] = off + op_code
+    inst[sel] = op_row
     has_dims = ~pd.isna(cols_used[1])
-    origin[idx] = np.where(has_dims[op_code], ORIGIN_CALL_TREE, ORIGIN_CALL_TREE_NODIMS)
+    origin[sel] = np.where(has_dims[op_code], with_dims, without_dims)
 
 
 def _parents(s: np.ndarray, e: np.ndarray) -> np.ndarray:

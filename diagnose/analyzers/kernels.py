@@ -58,7 +58,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from diagnose.analyzers.calltree import link_call_tree
+from diagnose.analyzers.calltree import assign_ops, link_call_tree
 from diagnose.analyzers.graphmap import (
     ORIGIN_CALL_TREE_NODIMS,
     ORIGIN_CAPTURE,
@@ -498,15 +498,7 @@ def _link_ops(trace: Trace, g: pd.DataFrame, capture, steps: pd.DataFrame | None
             kext = g["external_id"].to_numpy(dtype=np.int64)
             pos = np.minimum(np.searchsorted(ext_sorted, kext), len(ext_sorted) - 1)
             hit = (kext >= 0) & (ext_sorted[pos] == kext)
-            op_row = rows[pos[hit]]
-            op_code, used = pd.factorize(op_row, sort=False)  # one source per op call used
-            cols_used = [ops[c].take(used).to_numpy(dtype=object) if c in ops else np.full(len(used), None, dtype=object)
-                         for c in ("name", "input_dims", "input_types", "concrete_inputs")]
-            off = sources.extend(*cols_used)
-            src[hit] = off + op_code
-            inst[hit] = op_row
-            has_dims = ~pd.isna(cols_used[1])
-            origin[hit] = np.where(has_dims[op_code], ORIGIN_TRACE, ORIGIN_TRACE_NODIMS)
+            assign_ops(ops, hit, rows[pos[hit]], src, inst, origin, sources, ORIGIN_TRACE, ORIGIN_TRACE_NODIMS)
         link_call_tree(g, ops, src, inst, origin, sources)
     graph = (g["launch_kind"].to_numpy(dtype=object) == "graph_launch") if "launch_kind" in g else np.zeros(n_all, bool)
     if not nsys:
