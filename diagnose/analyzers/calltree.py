@@ -25,8 +25,8 @@ def enclosing_ops(ops: pd.DataFrame, tids: np.ndarray, times: np.ndarray) -> np.
     Operators on one thread nest (a child starts and ends inside its parent); the innermost
     open one is found from the latest start at or before ``t`` by walking up the parents
     until one still runs at ``t``. Only operators that can contain a query (on a queried
-    thread, overlapping the queries' time range) are read; the parent links cost one Python
-    step per such operator.
+    thread, overlapping the queries' time range) are read; the parent links are found with
+    numpy (:func:`_parents`).
 
     Args:
         ops: ``Trace.cpu_ops`` (tid, start_ns, end_ns).
@@ -103,14 +103,9 @@ def assign_ops(ops: pd.DataFrame, sel, op_row: np.ndarray, src: np.ndarray, inst
 
 def _parents(s: np.ndarray, e: np.ndarray) -> np.ndarray:
     """Parent (position, -1 none) of each interval, intervals sorted by start ascending and
-    end descending: the innermost earlier interval that contains it (a stack walk)."""
-    parent = np.full(len(s), -1, dtype=np.int64)
-    stack: list[int] = []
-    el = e.tolist()
-    for i, (si, ei) in enumerate(zip(s.tolist(), el)):
-        while stack and el[stack[-1]] < ei:
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]
-        stack.append(i)
-    return parent
+    end descending: the innermost earlier interval that contains it, what a stack walk
+    popping intervals that end before it gives: the latest earlier one ending at or after
+    its end (:func:`~diagnose.analyzers.nesting.prev_exceeding`)."""
+    from diagnose.analyzers.nesting import prev_exceeding
+
+    return prev_exceeding(e, e, strict=False)

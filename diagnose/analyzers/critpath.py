@@ -89,11 +89,9 @@ class Path:
         return {k: int(tot[i]) for i, k in enumerate(PATH_KINDS) if tot[i] > 0}
 
     def host_ns_by_cause(self) -> dict[str, int]:
+        """Host time (ns) by cause, causes in order of first appearance."""
         m = self.kind == K_HOST
-        out: dict[str, int] = {}
-        for c, d in zip(self.cause[m].tolist(), self.dur[m].tolist()):
-            out[c] = out.get(c, 0) + d
-        return out
+        return _sum_by(self.dur[m], self.cause[m])
 
     def hta_comparable_ns(self) -> int:
         """Length with HTA 0.6.1's zero-weight parts left out (module docstring)."""
@@ -114,6 +112,34 @@ class Paths:
 
     def all(self) -> list[Path]:
         return list(self.steps.values()) + ([self.window] if self.window is not None else [])
+
+
+def _sum_by(w: np.ndarray, *keys: np.ndarray) -> dict:
+    """Sum of int64 ``w`` per distinct key (one array: the value; several: the tuple), keys
+    in order of first appearance (as a dict filled row by row would hold them)."""
+    if len(w) == 0:
+        return {}
+    code = np.zeros(len(w), dtype=np.int64)
+    uniqs, sizes = [], []
+    for k in keys:
+        c, u = pd.factorize(k)
+        if len(c) and c.min() < 0:  # a missing value: its own key (None)
+            c = np.where(c < 0, len(u), c)
+            u = np.append(np.asarray(u, dtype=object), None)
+        code = code * max(len(u), 1) + c  # mixed radix: one int per key tuple
+        uniqs.append(u)
+        sizes.append(max(len(u), 1))
+    code, first = pd.factorize(code)  # order of first appearance
+    tot = np.zeros(len(first), dtype=np.int64)
+    np.add.at(tot, code, np.asarray(w, dtype=np.int64))
+    out = {}
+    for i, x in enumerate(first.tolist()):
+        parts = []
+        for u, size in zip(reversed(uniqs), reversed(sizes)):
+            x, c = divmod(x, size)
+            parts.append(u[c])
+        out[parts[0] if len(keys) == 1 else tuple(reversed(parts))] = int(tot[i])
+    return out
 
 
 # ---------------------------------------------------------------- the walk
@@ -359,19 +385,11 @@ def _described(g: D.DepGraph, t0, t1, kind, ref, pieces, base: int, start: int, 
     keep = np.ones(n, dtype=bool)
     keep[host] = False
     parts = [(t0[keep], t1[keep], kind[keep], cause[keep], act[keep], name[keep], frame[keep], op[keep])]
-    rows = []
-    for j in host.tolist():
-        s0, s1 = int(t0[j]), int(t1[j])
-        for pc in pieces[base + int(ref[j])]:
-            lo, hi = max(pc.t0, s0), min(pc.t1, s1)
-            if hi > lo:
-                rows.append((lo, hi, pc.cause, pc.activity, pc.name, pc.frame))
-    if rows:
-        h0, h1, hc, ha, hn, hf = (list(x) for x in zip(*rows))
-        k = len(rows)
-        parts.append((np.array(h0, dtype=np.int64), np.array(h1, dtype=np.int64), np.full(k, K_HOST, dtype=np.int8),
-                      np.array(hc, dtype=object), np.array(ha, dtype=object), np.array(hn, dtype=object),
-                      np.array(hf, dtype=object), np.full(k, -1, dtype=np.int64)))
+    seg, h0, h1, row = pieces.clipped(base + ref[host], t0[host], t1[host])
+    if len(seg):
+        k = len(seg)
+        parts.append((h0, h1, np.full(k, K_HOST, dtype=np.int8), pieces.cause[row], pieces.activity[row],
+                      pieces.name[row], pieces.frame[row], np.full(k, -1, dtype=np.int64)))
     cols = [np.concatenate([p[i] for p in parts]) for i in range(8)]
     o = np.argsort(cols[0], kind="stable")
     return Path(*(c[o] for c in cols), start, end, reason, anchor)
@@ -400,12 +418,14 @@ def path_record(p: Path, t0_ns: int, top: int = TOP_SEGMENTS) -> CriticalPath:
 
 def host_frames(paths: list[Path], top: int = TOP_FRAMES) -> list[PathFrame]:
     """Host time on ``paths`` by (frame, cause, activity), longest first."""
-    acc: dict[tuple, int] = {}
-    for p in paths:
-        m = np.flatnonzero(p.kind == K_HOST)
-        for f, c, a, d in zip(p.frame[m].tolist(), p.cause[m].tolist(), p.activity[m].tolist(), p.dur[m].tolist()):
-            k = (f or "", c, a)
-            acc[k] = acc.get(k, 0) + d
+    ms = [p.kind == K_HOST for p in paths]
+    if not paths or not any(m.any() for m in ms):
+        return []
+    frame = np.concatenate([p.frame[m] for p, m in zip(paths, ms)])
+    frame[pd.isna(frame) | (frame == "")] = ""
+    acc = _sum_by(np.concatenate([p.dur[m] for p, m in zip(paths, ms)]), frame,
+                  np.concatenate([p.cause[m] for p, m in zip(paths, ms)]),
+                  np.concatenate([p.activity[m] for p, m in zip(paths, ms)]))
     rows = sorted(acc.items(), key=lambda kv: -kv[1])[:top]
     return [PathFrame(frame=f, cause=c, activity=a, duration_ms=_ms(v)) for (f, c, a), v in rows]
 

@@ -111,6 +111,17 @@ class CauseTimeline:
         return out
 
 
+def _sorted_unique(x: np.ndarray) -> np.ndarray:
+    """``np.unique`` of int64 ``x`` made of sorted runs: a stable sort merges the runs."""
+    x = np.sort(x, kind="stable")
+    if len(x) < 2:
+        return x
+    keep = np.empty(len(x), dtype=bool)
+    keep[0] = True
+    np.not_equal(x[1:], x[:-1], out=keep[1:])
+    return x[keep]
+
+
 def _merge(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Union of intervals as sorted disjoint ones."""
     if len(s) == 0:
@@ -242,7 +253,7 @@ def cause_timeline(graph, tid: int) -> CauseTimeline:
     if not layers:
         tl = CauseTimeline(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, dtype=object))
     else:
-        pts = np.unique(np.concatenate([np.concatenate((s, e)) for _, s, e in layers]))
+        pts = _sorted_unique(np.concatenate([np.concatenate((s, e)) for _, s, e in layers]))
         a, b = pts[:-1], pts[1:]
         mid = a + (b - a) // 2
         cause = np.full(len(a), None, dtype=object)
@@ -262,63 +273,100 @@ def cause_timeline(graph, tid: int) -> CauseTimeline:
 
 
 @dataclass
-class HostPiece:
-    """A piece of a host stretch (absolute ns)."""
+class HostPieces:
+    """Pieces of host stretches, one row per piece, sorted by (stretch, start): arrays of
+    equal length (absolute ns for times; object arrays of str for the rest).
 
-    t0: int
-    t1: int
-    cause: str
-    activity: str
-    name: str
-    frame: str
+    Attributes:
+        owner: the stretch (index into the stretches classified) a piece belongs to.
+        t0, t1: the piece's bounds; cause: a host cause; activity: one of :data:`ACTIVITIES`;
+        name: the innermost host event's name ("" when untracked); frame: the program frame
+        ("" when none).
+    """
+
+    owner: np.ndarray
+    t0: np.ndarray
+    t1: np.ndarray
+    cause: np.ndarray
+    activity: np.ndarray
+    name: np.ndarray
+    frame: np.ndarray
+
+    @classmethod
+    def empty(cls) -> "HostPieces":
+        z = np.zeros(0, dtype=np.int64)
+        o = np.zeros(0, dtype=object)
+        return cls(z, z, z, o, o, o, o)
+
+    @classmethod
+    def concat(cls, parts: list["HostPieces"]) -> "HostPieces":
+        """One table from tables of disjoint stretches, sorted by (stretch, start)."""
+        if not parts:
+            return cls.empty()
+        cols = [np.concatenate([getattr(p, f) for p in parts]) for f in ("owner", "t0", "t1", "cause", "activity", "name", "frame")]
+        o = np.lexsort((cols[1], cols[0]))
+        return cls(*(c[o] for c in cols))
+
+    def clipped(self, owner: np.ndarray, s0: np.ndarray, s1: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The pieces of stretch ``owner[i]`` clipped to [s0[i], s1[i]), for every i in order,
+        empty clips dropped: (segment i, t0, t1, piece row) arrays."""
+        lo = np.searchsorted(self.owner, owner, side="left")
+        cnt = np.searchsorted(self.owner, owner, side="right") - lo
+        seg = np.repeat(np.arange(len(owner), dtype=np.int64), cnt)
+        row = np.arange(len(seg), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(lo, cnt)
+        a = np.maximum(self.t0[row], s0[seg])
+        b = np.minimum(self.t1[row], s1[seg])
+        k = b > a
+        return seg[k], a[k], b[k], row[k]
 
 
-def classify(graph, stretches: list[tuple[int, int, int]]) -> list[list[HostPiece]]:
-    """Cut each host stretch (tid, start ns, end ns) into :class:`HostPiece` s (time order)."""
-    out: list[list[HostPiece]] = [[] for _ in stretches]
+def classify(graph, stretches: list[tuple[int, int, int]]) -> HostPieces:
+    """Cut each host stretch (tid, start ns, end ns) into pieces (:class:`HostPieces`, the
+    stretch's index as ``owner``)."""
     by_tid: dict[int, list[int]] = {}
     for j, (tid, a, b) in enumerate(stretches):
         if b > a:
             by_tid.setdefault(tid, []).append(j)
+    parts = []
     for tid, js in by_tid.items():
         sa = np.array([stretches[j][1] for j in js], dtype=np.int64)
         sb = np.array([stretches[j][2] for j in js], dtype=np.int64)
         nest = _Nesting.of(graph, tid, sa, sb)
-        tl = cause_timeline(graph, tid)
-        for j, pieces in zip(js, nest.pieces(sa, sb, tl)):
-            out[j] = pieces
-    return out
+        parts.append(nest.pieces(np.array(js, dtype=np.int64), sa, sb, cause_timeline(graph, tid)))
+    return HostPieces.concat(parts)
+
+
+def _str_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, names): ``values`` as ``str`` (``str(x)`` of each), equal strings one code."""
+    import pandas as pd
+
+    codes, uniq = pd.factorize(values, use_na_sentinel=False)
+    names = np.array([str(u) for u in uniq], dtype=object)
+    again, names2 = pd.factorize(names)
+    return again[codes] if len(codes) else codes.astype(np.int64), np.asarray(names2, dtype=object)
 
 
 class _Nesting:
     """The host events of one thread that overlap some stretches, nested (parent = the
-    innermost event open at an event's start), with inherited attributes."""
+    innermost event open at an event's start, :func:`~diagnose.analyzers.nesting.prev_exceeding`),
+    with inherited attributes."""
 
     def __init__(self, s, e, cls, name, linked) -> None:
+        from diagnose.analyzers.nesting import nearest_marked, prev_exceeding
+
         o = np.lexsort((cls, -e, s))
-        self.s, self.e, self.cls, self.name = s[o], e[o], cls[o], name[o]
+        self.s, self.e, self.cls = s[o], e[o], cls[o]
         self.linked = linked[o]
-        n = len(self.s)
-        parent = [-1] * n
-        in_op = [False] * n
-        user = [-1] * n  # innermost user python frame (self or ancestor)
-        op = [-1] * n  # innermost CPU op or range
-        sl, el, cl = self.s.tolist(), self.e.tolist(), self.cls.tolist()
-        is_user = [c == _CLS_PY and not LIBRARY_FRAME.match(str(nm)) for c, nm in zip(cl, self.name.tolist())]
-        stack: list[int] = []
-        for i in range(n):
-            while stack and el[stack[-1]] <= sl[i]:
-                stack.pop()
-            p = stack[-1] if stack else -1
-            parent[i] = p
-            in_op[i] = cl[i] == _CLS_OP or (p >= 0 and in_op[p])
-            user[i] = i if is_user[i] else (user[p] if p >= 0 else -1)
-            op[i] = i if cl[i] in (_CLS_OP, _CLS_RANGE) else (op[p] if p >= 0 else -1)
-            stack.append(i)
-        self.parent = np.array(parent, dtype=np.int64)
-        self.in_op = np.array(in_op, dtype=bool)
-        self.user = np.array(user, dtype=np.int64)
-        self.op = np.array(op, dtype=np.int64)
+        code, names = _str_codes(name[o])
+        if len(names) and (names == "").any():
+            code = np.where(code == int(np.flatnonzero(names == "")[0]), -1, code)
+        self.code = code  # name of event i: names[code[i]]; -1: "" (also "no name", "no frame")
+        self.names = np.concatenate((names, [""])).astype(object)
+        self.parent = prev_exceeding(self.e, self.s, strict=True)
+        lib = np.array([bool(LIBRARY_FRAME.match(x)) for x in self.names], dtype=bool)
+        self.in_op = nearest_marked(self.parent, self.cls == _CLS_OP) >= 0
+        self.user = nearest_marked(self.parent, (self.cls == _CLS_PY) & ~lib[self.code])
+        self.op = nearest_marked(self.parent, (self.cls == _CLS_OP) | (self.cls == _CLS_RANGE))
 
     @classmethod
     def of(cls, graph, tid: int, sa: np.ndarray, sb: np.ndarray) -> "_Nesting":
@@ -351,29 +399,33 @@ class _Nesting:
             return cls(z, z, np.zeros(0, dtype=np.int8), np.zeros(0, dtype=object), np.zeros(0, dtype=bool))
         return cls(*(np.concatenate([p[i] for p in parts]) for i in range(5)))
 
-    def pieces(self, sa: np.ndarray, sb: np.ndarray, tl: CauseTimeline) -> list[list[HostPiece]]:
-        """Per stretch, its pieces in time order (adjacent pieces alike merged)."""
-        allpts = np.unique(np.concatenate((self.s, self.e, tl.start, tl.end)))
-        x0s, x1s, owner = [], [], []
-        for j, (a, b) in enumerate(zip(sa.tolist(), sb.tolist())):
-            inner = allpts[np.searchsorted(allpts, a, side="right"):np.searchsorted(allpts, b, side="left")]
-            pts = np.concatenate(([a], inner, [b]))
-            x0s.append(pts[:-1])
-            x1s.append(pts[1:])
-            owner.append(np.full(len(pts) - 1, j, dtype=np.int64))
-        x0, x1, own = np.concatenate(x0s), np.concatenate(x1s), np.concatenate(owner)
+    def pieces(self, owner: np.ndarray, sa: np.ndarray, sb: np.ndarray, tl: CauseTimeline) -> HostPieces:
+        """The pieces of stretches [sa, sb) (``owner``: their indices), cut at every event
+        and cause boundary, adjacent pieces alike merged."""
+        allpts = _sorted_unique(np.concatenate((self.s, self.e, tl.start, tl.end)))
+        lo = np.searchsorted(allpts, sa, side="right")
+        cnt = np.maximum(np.searchsorted(allpts, sb, side="left") - lo, 0) + 1  # inner points + 1
+        own = np.repeat(np.arange(len(sa), dtype=np.int64), cnt)
+        pos = np.arange(len(own), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        last = pos == cnt[own] - 1
+        inner = np.minimum(lo[own] + pos, max(len(allpts) - 1, 0))
+        x1 = np.where(last, sb[own], allpts[inner] if len(allpts) else sb[own])
+        x0 = np.empty_like(x1)
+        x0[:] = sa[own]
+        x0[pos > 0] = x1[np.flatnonzero(pos > 0) - 1]
         mid = x0 + (x1 - x0) // 2
-        cause = tl.at(mid).tolist()
-        acts, names, frames = self._describe(self._innermost(mid))
-        out: list[list[HostPiece]] = [[] for _ in range(len(sa))]
-        for p0, p1, j, c, ac, nm, fr in zip(x0.tolist(), x1.tolist(), own.tolist(), cause, acts, names, frames):
-            pieces = out[j]
-            last = pieces[-1] if pieces else None
-            if last is not None and last.cause == c and last.activity == ac and last.name == nm and last.frame == fr:
-                last.t1 = p1
-            else:
-                pieces.append(HostPiece(p0, p1, c, ac, nm, fr))
-        return out
+        cause = tl.at(mid)
+        k = self._innermost(mid)
+        act, name_code, frame_code = self._describe(k)
+        ccode, cnames = _str_codes(cause)
+        new = np.ones(len(own), dtype=bool)
+        new[1:] = ((own[1:] != own[:-1]) | (ccode[1:] != ccode[:-1]) | (act[1:] != act[:-1])
+                   | (name_code[1:] != name_code[:-1]) | (frame_code[1:] != frame_code[:-1]))
+        first = np.flatnonzero(new)
+        end = np.concatenate((first[1:], [len(own)])) - 1
+        return HostPieces(owner[own[first]], x0[first], x1[end], cnames[ccode[first]],
+                          np.array(ACTIVITIES, dtype=object)[act[first]], self.names[name_code[first]],
+                          self.names[frame_code[first]])
 
     def _innermost(self, t: np.ndarray) -> np.ndarray:
         """Index of the innermost event open at each instant (-1 none)."""
@@ -387,33 +439,35 @@ class _Nesting:
             k = np.where(bad, self.parent[np.maximum(k, 0)], k)
         return k
 
-    def _describe(self, k: np.ndarray) -> tuple[list[str], list[str], list[str]]:
-        acts, names, frames = [], [], []
-        for i in k.tolist():
-            if i < 0:
-                acts.append("untracked")
-                names.append("")
-                frames.append("")
-                continue
-            c = int(self.cls[i])
-            nm = str(self.name[i])
-            if c == _CLS_RT:
-                ac = "launch" if self.linked[i] else ("sync" if _SYNC_LIKE.search(nm) else "runtime")
-            elif c == _CLS_OP:
-                ac = "cpu_op"
-            elif c == _CLS_PY:
-                ac = "python_in_op" if self.in_op[i] else "python"
-            elif c == _CLS_RANGE:
-                ac = "cpu_op" if self.in_op[i] else "range"
-            else:
-                ac = "overhead"
-            u = int(self.user[i])
-            o = int(self.op[i])
-            frame = str(self.name[u]) if u >= 0 else (str(self.name[o]) if o >= 0 else "")
-            acts.append(ac)
-            names.append(nm)
-            frames.append(frame)
-        return acts, names, frames
+    def _activities(self) -> np.ndarray:
+        """Per event, its activity (index into :data:`ACTIVITIES`) when innermost."""
+        A = {a: i for i, a in enumerate(ACTIVITIES)}
+        sync = np.array([bool(_SYNC_LIKE.search(x)) for x in self.names], dtype=bool)
+        c = self.cls
+        act = np.full(len(c), A["overhead"], dtype=np.int8)
+        rt = c == _CLS_RT
+        act[rt] = np.where(self.linked[rt], A["launch"], np.where(sync[self.code[rt]], A["sync"], A["runtime"]))
+        act[c == _CLS_OP] = A["cpu_op"]
+        py = c == _CLS_PY
+        act[py] = np.where(self.in_op[py], A["python_in_op"], A["python"])
+        rg = c == _CLS_RANGE
+        act[rg] = np.where(self.in_op[rg], A["cpu_op"], A["range"])
+        return act
+
+    def _describe(self, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(activity index, name code, frame code) of each innermost event ``k`` (-1: none:
+        ``untracked``, codes -1 for "")."""
+        none = k < 0
+        kk = np.maximum(k, 0)
+        if not len(self.s):
+            m = len(k)
+            return np.full(m, ACTIVITIES.index("untracked"), dtype=np.int8), np.full(m, -1, np.int64), np.full(m, -1, np.int64)
+        act = np.where(none, ACTIVITIES.index("untracked"), self._activities()[kk]).astype(np.int8)
+        name = np.where(none, -1, self.code[kk])
+        ev = np.where(self.user >= 0, self.user, self.op)  # the frame's event: user python frame, else op or range
+        fev = ev[kk]
+        frame = np.where(none | (fev < 0), -1, self.code[np.maximum(fev, 0)])
+        return act, name, frame
 
 
 #: Calls that block or poll the host (HTA 0.6.1's ``BLOCKING_SYNC_CALLS`` but the async copy, plus

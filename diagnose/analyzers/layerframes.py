@@ -142,16 +142,12 @@ def kernel_leaves(tid: np.ndarray, st: np.ndarray, en: np.ndarray, ktid: np.ndar
 
 
 def _parents(tid: np.ndarray, st: np.ndarray, en: np.ndarray) -> np.ndarray:
-    """Parent frame of each frame (sorted by thread, start, longest first), -1 for a root."""
-    parent = np.full(len(st), -1, dtype=np.int64)
-    stack: list[int] = []
-    for i in range(len(st)):
-        while stack and (tid[stack[-1]] != tid[i] or en[stack[-1]] < st[i]):
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]
-        stack.append(i)
-    return parent
+    """Parent frame of each frame (sorted by thread, start, longest first), -1 for a root:
+    the latest earlier frame of its thread still open at its start (what a stack walk gives,
+    :func:`~diagnose.analyzers.nesting.prev_exceeding`)."""
+    from diagnose.analyzers.nesting import prev_exceeding
+
+    return prev_exceeding(en, st, strict=False, group=tid)
 
 
 def path_frames(paths: np.ndarray) -> tuple[FrameTree, np.ndarray]:

@@ -1,0 +1,133 @@
+"""Nesting of intervals with numpy: parents and inherited attributes without a Python loop.
+
+Host events of one thread (CPU ops, python frames, runtime calls, ranges) nest by time. The
+classic way to find each event's parent is a stack walk over the events in (start, longest
+first) order: pop the stack while its top no longer covers the event, the parent is the top.
+That walk costs one Python step per event (half a million events on a large trace). The
+stack walk's answer has a closed form (proof in :func:`prev_exceeding`): the parent of event
+``i`` is the latest earlier event ``j`` whose end passes the test against ``i``. That is a
+"previous element above a threshold" query, answered here for all events at once over a
+power-of-two block decomposition, ``log2(n)`` vectorized passes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _ranks(v: np.ndarray, q: np.ndarray, group: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, int]:
+    """Dense ranks of ``v`` and ``q`` in one order (by ``group`` first when given): (rank of
+    v, rank of q, number of distinct keys)."""
+    n = len(v)
+    x = np.concatenate((v, q))
+    if group is None:
+        u, inv = np.unique(x, return_inverse=True)
+        return inv[:n].astype(np.int64), inv[n:].astype(np.int64), len(u)
+    g = np.concatenate((group, group))
+    o = np.lexsort((x, g))
+    xs, gs = x[o], g[o]
+    new = np.empty(len(o), dtype=bool)
+    new[0] = True
+    new[1:] = (xs[1:] != xs[:-1]) | (gs[1:] != gs[:-1])
+    rank = np.empty(len(o), dtype=np.int64)
+    rank[o] = np.cumsum(new) - 1
+    return rank[:n], rank[n:], int(new.sum())
+
+
+def prev_exceeding(v: np.ndarray, q: np.ndarray, strict: bool = True, group: np.ndarray | None = None) -> np.ndarray:
+    """For each position ``i``, the largest ``j < i`` with ``v[j] > q[i]`` (``>=`` when not
+    ``strict``) and, when ``group`` is given, ``group[j] == group[i]``; -1 where none.
+
+    This is what a stack walk gives as the parent of event ``i`` when it pops while the top's
+    ``v`` fails the test against ``q[i]``: every event ``k`` it popped before reaching ``i``
+    failed against some event ``k' <= i`` whose ``q`` is at most ``q[i]`` (events in start
+    order, ``q`` = start), or was covered by a later, longer one (``q`` = end), so the latest
+    event passing the test is never popped and everything above it is.
+
+    Args:
+        v, q: int64 arrays of equal length n (ns).
+        strict: test ``v[j] > q[i]`` (True) or ``v[j] >= q[i]``.
+        group: optional array of length n, sorted (e.g. thread ids of events sorted by thread).
+
+    Returns:
+        int64 array of length n.
+
+    Cost: ``ceil(log2 n)`` passes of O(n) numpy work, O(n) memory.
+    """
+    n = len(v)
+    out = np.full(n, -1, dtype=np.int64)
+    if n < 2:
+        return out
+    v = np.asarray(v, dtype=np.int64)
+    q = np.asarray(q, dtype=np.int64)
+    if group is not None:
+        rv, rq, _ = _ranks(v, q, np.asarray(group))
+    else:
+        rv, rq = v, q
+    if not strict:
+        rq = rq - 1  # integers: v >= q  <=>  v > q - 1
+    base = min(int(rv.min()), int(rq.min())) - 1
+    top = max(int(rv.max()), int(rq.max())) - base + 2
+    if top * n >= 1 << 62:  # the flattened keys below would overflow: dense ranks instead
+        rv, rq, u = _ranks(rv, rq, None)
+        base, top = -1, u + 2
+    xv, xq = rv - base, rq - base  # >= 1; 0 pads and passes no test
+    levels = max(1, (n - 1).bit_length())
+    pv = np.zeros(1 << levels, dtype=np.int64)
+    pv[:n] = xv
+    prefix = np.maximum.accumulate(xv)
+    pend = np.flatnonzero(prefix[:-1] > xq[1:]) + 1  # some earlier element passes: an answer exists
+    for k in range(levels):
+        if not len(pend):
+            break
+        at = np.flatnonzero(((pend >> k) & 1) == 1)  # in the right half of their block of 2h: look left
+        if not len(at):
+            continue
+        sel = pend[at]
+        h = 1 << k
+        b = sel >> (k + 1)
+        first = np.empty(len(b), dtype=bool)
+        first[0] = True
+        first[1:] = b[1:] != b[:-1]
+        ub = b[first]
+        row = np.cumsum(first) - 1
+        suf = pv.reshape(-1, 2 * h)[ub, :h]
+        suf = np.maximum.accumulate(suf[:, ::-1], axis=1)[:, ::-1]  # non-increasing along a row
+        if h <= 8:
+            cnt = (suf[row] > xq[sel][:, None]).sum(axis=1)
+        else:
+            stride = top + 1
+            flat = (np.arange(len(ub), dtype=np.int64)[:, None] * stride + (top - suf)).ravel()  # sorted
+            cnt = np.searchsorted(flat, row * stride + (top - xq[sel]), side="left") - row * h
+        hit = cnt > 0
+        out[sel[hit]] = b[hit] * 2 * h + cnt[hit] - 1
+        keep = np.ones(len(pend), dtype=bool)
+        keep[at[hit]] = False
+        pend = pend[keep]
+    return out
+
+
+def nearest_marked(parent: np.ndarray, mark: np.ndarray) -> np.ndarray:
+    """For each node, the nearest ancestor-or-self with ``mark`` set (-1 none), ``parent``
+    the forest's parent links (-1 for a root). Pointer jumping: O(n log depth).
+
+    Args:
+        parent: int64 array of length n.
+        mark: bool array of length n.
+
+    Returns:
+        int64 array of length n.
+    """
+    n = len(parent)
+    idx = np.arange(n, dtype=np.int64)
+    res = np.where(mark, idx, -1)
+    ptr = np.where(mark, -1, np.asarray(parent, dtype=np.int64))
+    while True:
+        act = np.flatnonzero(ptr >= 0)
+        if not len(act):
+            return res
+        p = ptr[act]
+        rp = res[p]
+        nxt = ptr[p]
+        found = rp >= 0
+        res[act[found]] = rp[found]
+        ptr[act] = np.where(found, -1, nxt)

@@ -1,0 +1,90 @@
+"""diagnose.analyzers.nesting: the numpy parents and inherited attributes equal what the
+stack walks they replace give, on random interval sets (nested, partly overlapping,
+zero-length, equal starts, several threads) and on a real trace's host events."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from diagnose.analyzers.nesting import nearest_marked, prev_exceeding
+from tests.conftest import shared_trace
+
+
+def _walk(s, e, pop) -> np.ndarray:
+    """The stack walk: pop while ``pop(top, i)``; parent = top."""
+    parent, stack = [-1] * len(s), []
+    for i in range(len(s)):
+        while stack and pop(stack[-1], i):
+            stack.pop()
+        parent[i] = stack[-1] if stack else -1
+        stack.append(i)
+    return np.array(parent, dtype=np.int64)
+
+
+def _intervals(rng, n: int, spread: int):
+    s = np.sort(rng.integers(0, 1000, n))
+    e = s + rng.integers(0, spread, n)
+    o = np.lexsort((-e, s))
+    return s[o], e[o]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_parents_equal_the_stack_walks(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for n in (0, 1, 2, 3, 7, 64, 65, 300):
+        for spread in (1, 5, 50, 2000):
+            s, e = _intervals(rng, n, spread)
+            sl, el = s.tolist(), e.tolist()
+            # host events: the top no longer open at the event's start
+            assert prev_exceeding(e, s).tolist() == _walk(sl, el, lambda t, i: el[t] <= sl[i]).tolist()
+            # operators: the top ends before the event does
+            assert prev_exceeding(e, e, strict=False).tolist() == _walk(sl, el, lambda t, i: el[t] < el[i]).tolist()
+            # module frames of several threads, sorted by thread
+            tid = np.sort(rng.integers(0, 3, n))
+            o = np.lexsort((-e, s, tid))
+            t2, s2, e2 = tid[o].tolist(), s[o].tolist(), e[o].tolist()
+            want = _walk(s2, e2, lambda t, i: t2[t] != t2[i] or e2[t] < s2[i])
+            assert prev_exceeding(e[o], s[o], strict=False, group=tid[o]).tolist() == want.tolist()
+
+
+def test_parents_of_far_timestamps() -> None:
+    """Times of a long trace in epoch ns (keys that overflow the flattened search: ranks)."""
+    rng = np.random.default_rng(7)
+    s, e = _intervals(rng, 200, 50)
+    s, e = s * 10**15, e * 10**15
+    sl, el = s.tolist(), e.tolist()
+    assert prev_exceeding(e, s).tolist() == _walk(sl, el, lambda t, i: el[t] <= sl[i]).tolist()
+
+
+def test_nearest_marked_walks_up_the_parents() -> None:
+    rng = np.random.default_rng(3)
+    s, e = _intervals(rng, 400, 300)
+    parent = prev_exceeding(e, s)
+    mark = rng.random(400) < 0.2
+    want = []
+    for i in range(400):
+        j = i
+        while j >= 0 and not mark[j]:
+            j = int(parent[j])
+        want.append(j)
+    assert nearest_marked(parent, mark).tolist() == want
+    assert nearest_marked(parent, np.zeros(400, dtype=bool)).tolist() == [-1] * 400
+
+
+def test_parents_of_a_real_threads_ops() -> None:
+    """The CPU ops of the HTA alexnet trace (one thread, 359 ops, 147 top-level by the raw
+    events' ts and dur): the call tree's parents."""
+    from diagnose.trace.load import load_trace
+
+    tr = load_trace(str(shared_trace("hta/critical_path_alexnet/benchmark_result_2869224_1695835535_trace.json.gz")))
+    ops = tr.cpu_ops
+    tid = ops["tid"].to_numpy(np.int64)
+    main = ops[tid == np.bincount(tid - tid.min()).argmax() + tid.min()]
+    s = main["start_ns"].to_numpy(np.int64)
+    e = main["end_ns"].to_numpy(np.int64)
+    o = np.lexsort((-e, s))
+    s, e = s[o], e[o]
+    sl, el = s.tolist(), e.tolist()
+    parent = prev_exceeding(e, s)
+    assert parent.tolist() == _walk(sl, el, lambda t, i: el[t] <= sl[i]).tolist()
+    assert len(s) == 359 and int((parent < 0).sum()) == 147
