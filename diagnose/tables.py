@@ -115,16 +115,29 @@ class FindingRow(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     description: str
 
 
-def _compile(pattern: str, where: str, flags: int = 0) -> None:
-    """Compile a table's regex; one that nests repeats (exponential backtracking on a hostile
-    name) is refused like one that does not compile (:func:`diagnose.patterns.check_pattern`)."""
-    from diagnose.patterns import check_pattern
+def _compile(pattern: str, where: str, flags: int = 0, check_repeats: bool = False) -> None:
+    """Compile a table's regex (``re`` caches it for the analyzers); with ``check_repeats``
+    also refuse one that nests repeats (exponential backtracking on a hostile name,
+    :func:`diagnose.patterns.check_pattern`): the shipped tables are checked so by the test
+    suite (``tests/test_robustness3.py``), not on every run (0.1 s of parsing per process).
 
-    check_pattern(pattern, where, flags)
+    Raises:
+        DiagnoseError: the pattern does not compile (or nests repeats, when checked).
+    """
+    if check_repeats:
+        from diagnose.patterns import check_pattern
+
+        check_pattern(pattern, where, flags)
+        return
+    try:
+        re.compile(pattern, flags)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise DiagnoseError(f"{where}: invalid regex {pattern[:80]!r} ({e})") from None
 
 
-def load_table(filename: str, kind: Any):
-    """``diagnose/data/<filename>`` converted to ``kind``.
+def load_table(filename: str, kind: Any, check_repeats: bool = False):
+    """``diagnose/data/<filename>`` converted to ``kind``; ``check_repeats``: also refuse a
+    regex that nests repeats (:func:`_compile`).
 
     Raises:
         DiagnoseError: the file does not fit the type (the message names the file and path),
@@ -142,7 +155,7 @@ def load_table(filename: str, kind: Any):
             if not r.aliases:
                 raise DiagnoseError(f"diagnose/data/{filename}: row {r.name!r}: aliases must not be empty")
             for a in r.aliases:
-                _compile(a, f"diagnose/data/{filename}: row {r.name!r}", re.IGNORECASE)
+                _compile(a, f"diagnose/data/{filename}: row {r.name!r}", re.IGNORECASE, check_repeats)
             for k in ("dense_fp16_tflops", "memory_bandwidth_tbps", "memory_gb", "dense_fp8_tflops", "fp32_tflops", "tf32_tflops"):
                 v = getattr(r, k)
                 if v is not None and not v > 0:
@@ -156,9 +169,9 @@ def load_table(filename: str, kind: Any):
         for extra in ("not_steps", "frames", "phase_frames"):
             rows += list(getattr(table, extra, None) or ())
         for r in rows:
-            _compile(r.pattern, f"diagnose/data/{filename}", re.IGNORECASE)
+            _compile(r.pattern, f"diagnose/data/{filename}", re.IGNORECASE, check_repeats)
             if getattr(r, "inner", None):
-                _compile(r.inner, f"diagnose/data/{filename}", re.IGNORECASE)
+                _compile(r.inner, f"diagnose/data/{filename}", re.IGNORECASE, check_repeats)
     return table
 
 

@@ -8,6 +8,7 @@ import copy
 import json
 import re
 import time
+from importlib import resources
 from pathlib import Path
 
 import msgspec
@@ -301,6 +302,39 @@ def test_p16_outside_patterns_that_nest_repeats_are_refused(tmp_path):
     t0 = time.perf_counter()
     assert _module_excluded(("model.layers.0.self_attn.q_proj" * 3,), ("re:(.*)*x",)) is False
     assert time.perf_counter() - t0 < 0.5
+
+
+@pytest.mark.parametrize("filename,kind", [("kernel_categories.yaml", "CategoryTable"), ("step_markers.yaml", "MarkerTable"),
+                                           ("host_calls.yaml", "HostCallTable"), ("gpus.yaml", "GpuTable")])
+def test_p16_shipped_tables_nest_no_repeats(filename, kind, monkeypatch):
+    """Every regex of the shipped tables passes the nested-repeat check (a run only compiles
+    them); the check itself refuses a table row that nests repeats."""
+    from diagnose import tables
+
+    assert tables.load_table(filename, getattr(tables, kind), check_repeats=True) is not None
+    text = resources.files("diagnose.data").joinpath("step_markers.yaml").read_text(encoding="utf-8")
+    bad = text.replace("pattern: '", "pattern: '(a+)+", 1)
+    monkeypatch.setattr(tables, "resources", _OneFile("step_markers.yaml", bad))
+    with pytest.raises(DiagnoseError, match="nests repeats"):
+        tables.load_table("step_markers.yaml", tables.MarkerTable, check_repeats=True)
+    assert tables.load_table("step_markers.yaml", tables.MarkerTable) is not None  # compiles: a run accepts it
+
+
+class _OneFile:
+    """``importlib.resources`` stand-in serving ``text`` as diagnose/data/``name``."""
+
+    def __init__(self, name: str, text: str) -> None:
+        self.name, self.text = name, text
+
+    def files(self, _pkg: str):
+        return self
+
+    def joinpath(self, name: str):
+        assert name == self.name
+        return self
+
+    def read_text(self, encoding: str = "utf-8") -> str:
+        return self.text
 
 
 def test_p16_a_trace_with_a_400kb_kernel_name_runs_in_seconds(tmp_path):

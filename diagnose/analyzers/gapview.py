@@ -62,50 +62,73 @@ def describe(g: Gaps, d: DeviceActs, host: HostCauses | None, trace: Trace | Non
     idx = np.asarray(idx, dtype=np.int64)
     stacks = host.stacks(g.tid[idx], host_time_for_stack(g)[idx]) if host is not None and len(idx) else [[] for _ in idx]
     out = []
-    syncs = None
+    syncs = rtv = None
     if trace is not None and len(idx):
         syncs = host.cached("sorted_syncs", lambda: _sorted_syncs(trace)) if host is not None else _sorted_syncs(trace)
+        rtv = host.cached("runtime_view", lambda: _RuntimeView(trace)) if host is not None else _RuntimeView(trace)
     for j, st in zip(idx.tolist(), stacks):
         cause = GAP_CAUSES[int(g.cause[j])]
         hc = g.host_call_of(j)
-        if hc is None and cause != "launch":
-            hc = _runtime_cover(trace, int(g.tid[j]), int(g.start[j]), int(g.end[j]))
+        if hc is None and cause != "launch" and rtv is not None:
+            hc = rtv.cover(int(g.tid[j]), int(g.start[j]), int(g.end[j]))
         if hc is None and cause == "launch" and st:
             hc = st[-1]
         parts = {GAP_CAUSES[i]: round(float(v) / 1e6, 6) for i, v in enumerate(g.parts[j]) if v > 0}
         out.append({"host_call": None if hc is None else str(hc)[:200], "host_stack": shorten_stack(st),
-                    "waited_on": _waited_on(trace, g, j, cause, syncs), "parts_ms": parts})
+                    "waited_on": _waited_on(rtv, g, j, cause, syncs), "parts_ms": parts})
     return out
 
 
-def _runtime_cover(trace: Trace | None, tid: int, a: int, b: int) -> str | None:
-    """A runtime call of thread ``tid`` covering at least half of [a, b] (a host blocked
-    behind queued work sat in it), else None."""
-    if trace is None or tid < 0 or not len(trace.runtime):
-        return None
-    rt = trace.runtime
-    s = rt["start_ns"].to_numpy()
-    hi = int(np.searchsorted(s, b, side="right"))
-    tids, ends = rt["tid"].to_numpy(), rt["end_ns"].to_numpy()
-    best, cov = None, 0
-    for i in range(hi - 1, max(hi - 200, 0) - 1, -1):
-        if tids[i] != tid:
-            continue
-        c = min(int(ends[i]), b) - max(int(s[i]), a)
-        if c > cov:
-            best, cov = i, c
-        if ends[i] < a and s[i] < a - 10 * (b - a):
-            break
-    if best is not None and cov * 2 >= b - a:
-        return str(rt["name"].iloc[best])
-    return None
+class _RuntimeView:
+    """The trace's runtime calls as arrays, read once per analysis by the per-gap lookups:
+    starts, ends (ns), threads, name codes into ``names`` and the ``stream_wait`` name test."""
+
+    def __init__(self, trace: Trace) -> None:
+        rt = trace.runtime
+        self.s = rt["start_ns"].to_numpy(dtype=np.int64)
+        self.e = rt["end_ns"].to_numpy(dtype=np.int64)
+        self.tid = rt["tid"].to_numpy(dtype=np.int64)
+        codes, uniq = pd.factorize(rt["name"], use_na_sentinel=False) if len(rt) else (np.zeros(0, np.int64), [])
+        self.code = np.asarray(codes, dtype=np.int64)
+        self.names = np.array([str(u) for u in uniq], dtype=object)
+        wait = np.array([name_test("stream_wait", n, "runtime") for n in self.names], dtype=bool)
+        self.stream_wait = wait[self.code] if len(self.code) else np.zeros(0, dtype=bool)
+
+    def cover(self, tid: int, a: int, b: int) -> str | None:
+        """A runtime call of thread ``tid`` covering at least half of [a, b] (a host blocked
+        behind queued work sat in it), else None: among the 200 calls starting last before
+        ``b``, back to the first of the thread's that ended before ``a`` and started more than
+        ten gap lengths before it, the one covering most (the latest of equals)."""
+        if tid < 0 or not len(self.s):
+            return None
+        hi = int(np.searchsorted(self.s, b, side="right"))
+        w = np.arange(hi - 1, max(hi - 200, 0) - 1, -1)  # latest first
+        w = w[self.tid[w] == tid]
+        if not len(w):
+            return None
+        stop = np.flatnonzero((self.e[w] < a) & (self.s[w] < a - 10 * (b - a)))
+        if len(stop):
+            w = w[: stop[0] + 1]
+        c = np.minimum(self.e[w], b) - np.maximum(self.s[w], a)
+        k = int(np.argmax(c))  # the first (latest) of the longest
+        if c[k] <= 0 or c[k] * 2 < b - a:
+            return None
+        return str(self.names[self.code[w[k]]])
+
+    def last_wait(self, tid: int, t: int) -> str | None:
+        """The last stream/event wait call thread ``tid`` started within
+        :data:`WAIT_CALL_LOOKBACK_NS` before ``t``, else None."""
+        hi = int(np.searchsorted(self.s, t, side="left"))
+        lo = int(np.searchsorted(self.s, t - WAIT_CALL_LOOKBACK_NS, side="left"))
+        hit = np.flatnonzero((self.tid[lo:hi] == tid) & self.stream_wait[lo:hi])
+        return str(self.names[self.code[lo + hit[-1]]]) if len(hit) else None
 
 
-def _waited_on(trace: Trace | None, g: Gaps, j: int, cause: str, sy: tuple | None = None) -> str | None:
+def _waited_on(rtv: _RuntimeView | None, g: Gaps, j: int, cause: str, sy: tuple | None = None) -> str | None:
     """For a queued gap (``dependency``, ``outside_trace``): the GPU-side wait (``cuda_sync``)
     covering it, else the last stream/event wait the launching thread issued within
     :data:`WAIT_CALL_LOOKBACK_NS` before queueing the work."""
-    if cause not in ("dependency", "outside_trace") or trace is None:
+    if cause not in ("dependency", "outside_trace") or rtv is None:
         return None
     a, b = int(g.start[j]), int(g.end[j])
     if sy is not None:
@@ -117,19 +140,9 @@ def _waited_on(trace: Trace | None, g: Gaps, j: int, cause: str, sy: tuple | Non
                 k -= 1
             return str(names[k])
     le, tid = int(g.launch_end[j]), int(g.tid[j])
-    rt = trace.runtime
-    if le == NO_TIME or tid < 0 or not len(rt):
+    if le == NO_TIME or tid < 0 or not len(rtv.s):
         return None
-    s = rt["start_ns"].to_numpy()
-    hi = int(np.searchsorted(s, le, side="left"))
-    lo = int(np.searchsorted(s, le - WAIT_CALL_LOOKBACK_NS, side="left"))
-    tids = rt["tid"].to_numpy()[lo:hi]
-    names = rt["name"].to_numpy(dtype=object)[lo:hi]
-    for i in range(len(names) - 1, -1, -1):
-        if tids[i] == tid and name_test("stream_wait", str(names[i]), "runtime"):
-            return str(names[i])
-    return None
-
+    return rtv.last_wait(tid, le)
 
 
 def _sorted_syncs(trace: Trace) -> tuple | None:
