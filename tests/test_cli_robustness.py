@@ -4,6 +4,7 @@ amplify output or memory, an unmatched --phase-regex, compare/sweep on unlike tr
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -56,8 +57,9 @@ def test_terminal_output_escapes_control_sequences(tmp_path):
     ]
     p = tmp_path / "esc.json"
     p.write_text(json.dumps({"traceEvents": ev, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}]}))
+    env = {**os.environ, "COLUMNS": "160"}  # wide enough for the kernel's whole name (at 80 it is shortened)
     out = subprocess.run([sys.executable, "-c", "from diagnose.cli import main; main()", "run", "--trace", str(p)],
-                         capture_output=True, timeout=120)
+                         capture_output=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     for raw in (b"\x1b]0;", b"\x1b[2J", b"\x1b[31m", b"\xc2\x9b", b"\x07"):
         assert raw not in out.stdout

@@ -144,10 +144,16 @@ def fit_blocks(blocks: list[Block], width: int, budget: int) -> tuple[list[Any],
     variants still do not fit, the report is cut at the budget. Returns (renderables, whether
     anything was left out)."""
     level = {b.name: 0 for b in blocks}
-    cost = {b.name: [count_lines(v, width) for v in b.levels] for b in blocks}
+    counted: dict[tuple[str, int], int] = {}  # a variant is rendered (counted) only when the fit reaches it
+
+    def cost(b: Block) -> int:
+        key = (b.name, level[b.name])
+        if key not in counted:
+            counted[key] = count_lines(b.levels[level[b.name]], width)
+        return counted[key]
 
     def total() -> int:
-        return sum(cost[b.name][level[b.name]] for b in blocks)
+        return sum(cost(b) for b in blocks)
 
     trimmed = False
     for name in TRIM_ORDER:
