@@ -131,31 +131,63 @@ def step_shape_flops(trace: Trace, steps: pd.DataFrame, moe_per_token: float | N
         from diagnose.analyzers.kernels import step_seq_infos
 
         seqs = step_seq_infos(trace, steps)
-    concrete_col = outer["concrete_inputs"].to_numpy() if "concrete_inputs" in outer else [None] * len(outer)
     st = steps["start_ns"].to_numpy(dtype=np.int64)
     en = steps["end_ns"].to_numpy(dtype=np.int64)
-    types_col = outer["input_types"].to_numpy() if "input_types" in outer else [None] * len(outer)
-    for name, s, raw, traw, craw in zip(outer["name"].to_numpy(), outer["start_ns"].to_numpy(), outer["input_dims"].to_numpy(),
-                                        types_col, concrete_col):
-        pos = int(np.searchsorted(st, s, side="right")) - 1
-        if pos < 0 or s > en[pos]:
-            continue
+    s_all = outer["start_ns"].to_numpy(dtype=np.int64)
+    pos = np.searchsorted(st, s_all, side="right") - 1
+    inside = (pos >= 0) & (s_all <= en[np.maximum(pos, 0)])
+    outer, pos = outer[inside], pos[inside]
+    if len(outer) == 0:
+        return empty
+    names = outer["name"].to_numpy(dtype=object)
+    cols = [outer[c].to_numpy(dtype=object) if c in outer else np.full(len(outer), None, dtype=object)
+            for c in ("input_dims", "input_types", "concrete_inputs")]
+    # only attention costs read the step (its sequence sums): other ops cost the same in every step
+    per_step = ~np.asarray(outer["name"].isin(GEMM_OPS).to_numpy(), dtype=bool)
+    key = _key_codes([names, *cols, np.where(per_step, pos, -1)])
+    first = np.unique(key, return_index=True)[1]
+    u_kind, u_flops, u_bytes = _distinct_costs(names[first], [c[first] for c in cols], pos[first], moe_per_token, seqs)
+    kind, f, b = u_kind[key], u_flops[key], u_bytes[key]
+    for j, k in enumerate(SHAPE_TERMS):  # summed in the op table's order, as one call after another
+        by_kind[k] = np.bincount(pos, weights=np.where(kind == j, f, 0.0), minlength=n)
+    np.add.at(count, pos, (kind >= 0).astype(np.int64))
+    np.add.at(nbytes, pos, b)
+    return ShapeFlops(sum(by_kind.values()), by_kind, nbytes, count)
+
+
+def _key_codes(columns: list[np.ndarray]) -> np.ndarray:
+    """One code per row for the combination of ``columns`` (equal rows, equal codes; codes
+    dense from 0). Unhashable values (decoded lists) are told apart by identity."""
+    code = np.zeros(len(columns[0]), dtype=np.int64)
+    for col in columns:
+        try:
+            c = pd.factorize(col, use_na_sentinel=False)[0]
+        except TypeError:
+            c = pd.factorize(np.fromiter(map(id, col), dtype=np.int64, count=len(col)))[0]
+        code = pd.factorize(code * (int(c.max(initial=0)) + 1) + c)[0]
+    return code
+
+
+def _distinct_costs(names, cols, pos, moe_per_token, seqs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per distinct (name, Input Dims, Input type, Concrete Inputs[, step]) of
+    :func:`step_shape_flops`: the kind (index into :data:`SHAPE_TERMS`, -1: not counted),
+    FLOPs and operand bytes (0 when unknown) of one call."""
+    kinds = np.full(len(names), -1, dtype=np.int64)
+    flops = np.zeros(len(names), dtype=np.float64)
+    nbytes = np.zeros(len(names), dtype=np.int64)
+    for i, (name, raw, traw, craw, p) in enumerate(zip(names, *cols, pos.tolist())):
         dims = parse_input_dims(raw)
         if is_moe_op(name):
             f = _moe_call_flops(dims, moe_per_token)
             if f is not None:
-                by_kind["moe"][pos] += f
-                count[pos] += 1
+                kinds[i], flops[i] = SHAPE_TERMS.index("moe"), f
             continue
-        f = op_flops(name, dims, concrete=parse_input_dims(craw) if craw is not None else None, seqs=seqs[pos])
+        f = op_flops(name, dims, concrete=parse_input_dims(craw) if craw is not None else None, seqs=seqs[p])
         if f is None:
             continue
-        by_kind["gemm" if name in GEMM_OPS else "attention"][pos] += f
-        count[pos] += 1
-        b = op_bytes(dims, parse_input_dims(traw) if traw is not None else None)
-        if b:
-            nbytes[pos] += b
-    return ShapeFlops(sum(by_kind.values()), by_kind, nbytes, count)
+        kinds[i], flops[i] = SHAPE_TERMS.index("gemm" if name in GEMM_OPS else "attention"), f
+        nbytes[i] = op_bytes(dims, parse_input_dims(traw) if traw is not None else None) or 0
+    return kinds, flops, nbytes
 
 
 @dataclass

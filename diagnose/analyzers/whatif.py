@@ -295,7 +295,8 @@ class _Chains:
         same[1:] = self.tid[by][1:] == self.tid[by][:-1]
         prev[by[same]] = by[np.flatnonzero(same) - 1]
         self.prev = prev
-        self.of_row = {int(r): i for i, r in enumerate(self.row.tolist())}
+        self.of_row = np.full(len(g.rt_start), -1, dtype=np.int64)  # runtime row -> its position (-1: none)
+        self.of_row[self.row] = np.arange(len(self.row))
 
 
 def _chains(g: D.DepGraph) -> _Chains:
@@ -308,93 +309,161 @@ def _chains(g: D.DepGraph) -> _Chains:
 def retime(g: D.DepGraph, start_ns: int, end_ns: int, members: np.ndarray, removal: _Removal) -> tuple[int, int]:
     """Re-time the window [start_ns, end_ns] (a path's span) under ``removal``: (the new end
     of ``members``' GPU work, the time removed in the window: host time on every thread, GPU
-    work and lags of activities starting in it)."""
+    work and lags of activities starting in it).
+
+    The events (host call ends, call starts, activity starts, in that order when simultaneous)
+    are walked in time order; each one's shift (how much earlier it happens) reads the shifts
+    of the events it waited for that were walked before it (0 for the others and for those
+    outside the window). What does not depend on other shifts (their indices, lags, the host
+    time removed between two times) is computed for the whole window first."""
     ch = _chains(g)
     o_lo = int(np.searchsorted(g.start, start_ns, side="left"))
     o_hi = int(np.searchsorted(g.start, end_ns, side="right"))
-    c_lo, c_hi = np.searchsorted(ch.start, [start_ns, end_ns + 1])
+    c_lo, c_hi = (int(x) for x in np.searchsorted(ch.start, [start_ns, end_ns + 1]))
     ops = np.arange(o_lo, o_hi)
-    calls = np.arange(int(c_lo), int(c_hi))
-    lag_all = g.start - g.bind_ns
-    removed = int(removal.op_removed[ops].sum()) + int(np.where(removal.lag_removed[ops] & (lag_all[ops] > 0), lag_all[ops], 0).sum())
+    calls = np.arange(c_lo, c_hi)
+    lag = g.start[ops] - g.bind_ns[ops]
+    lag_gone = removal.lag_removed[ops] & (lag > 0)
+    removed = int(removal.op_removed[ops].sum()) + int(np.where(lag_gone, lag, 0).sum())
     for tid in removal.host:
         removed += removal.measure(tid, end_ns) - removal.measure(tid, start_ns)
     if removed == 0:
         return int(g.end[members].max()), 0
     t = np.concatenate((ch.end[calls], ch.start[calls], g.start[ops]))
     typ = np.concatenate((np.full(len(calls), _CALL_END), np.full(len(calls), _CALL_START), np.full(len(ops), _OP_START)))
-    ref = np.concatenate((calls, calls, ops))
+    ref = np.concatenate((calls - c_lo, calls - c_lo, ops - o_lo))
     order = np.lexsort((typ, t))
-    d_op: dict[int, int] = {}  # activity -> how much earlier it ends
-    d_cs: dict[int, int] = {}  # call -> how much earlier it starts
-    d_ce: dict[int, int] = {}  # call -> how much earlier it returns
-    launch_chain = ch.of_row
-    for k in order.tolist():
-        ty, i = int(typ[k]), int(ref[k])
-        if ty == _OP_START:
-            d_op[i] = _op_shift(g, i, d_op, d_cs, launch_chain, removal, start_ns)
-        elif ty == _CALL_START:
-            d_cs[i] = _call_start_shift(ch, i, d_cs, d_ce, removal, start_ns)
-        else:
-            d_ce[i] = _call_end_shift(g, ch, i, d_cs, d_op, removal)
-    ends = g.end[members] - np.array([d_op.get(int(m), 0) for m in members.tolist()], dtype=np.int64)
-    return int(ends.max()), removed
+    op_args = _op_terms(g, ch, ops, np.where(lag_gone, 0, lag), removal, start_ns, (o_lo, o_hi), (c_lo, c_hi))
+    cs_args = _call_start_terms(ch, calls, removal, start_ns, c_lo)
+    ce_args = _call_end_terms(g, ch, calls, removal, (o_lo, o_hi))
+    d_op = [0] * len(ops)  # activity -> how much earlier it ends (0 until walked)
+    d_cs = [0] * len(calls)  # call -> how much earlier it starts
+    d_ce = [0] * len(calls)  # call -> how much earlier it returns
+    _walk(order.tolist(), typ.tolist(), ref.tolist(), d_op, d_cs, d_ce, op_args, cs_args, ce_args, start_ns)
+    m = members - o_lo
+    inside = (m >= 0) & (m < len(ops))
+    shift = np.zeros(len(members), dtype=np.int64)
+    if inside.any():
+        shift[inside] = np.asarray(d_op, dtype=np.int64)[m[inside]]
+    return int((g.end[members] - shift).max()), removed
 
 
-def _op_shift(g: D.DepGraph, i: int, d_op, d_cs, launch_chain, removal: _Removal, floor: int) -> int:
-    """How much earlier activity ``i`` ends: it starts at the latest of what it waited for,
-    the binding predecessor plus the lag it had (less a removed lag), the others as soon as
-    they allow (their own latency is not in the trace)."""
-    b = int(g.bind[i])
-    s_i = int(g.start[i])
-    if b == D.BIND_NONE or s_i < floor:
-        return int(removal.op_removed[i])
-    lag = s_i - int(g.bind_ns[i])
-    if removal.lag_removed[i] and lag > 0:
-        lag = 0
-    new = []
-    p = int(g.prev[i])
-    if p >= 0:
-        new.append(int(g.end[p]) - d_op.get(p, 0) + (lag if b == D.BIND_STREAM else 0))
-    w = int(g.wait_src[i])
-    if w >= 0:
-        new.append(int(g.end[w]) - d_op.get(w, 0) + (lag if b == D.BIND_WAIT else 0))
-    if int(g.launch[i]) >= 0:
-        ci = launch_chain.get(int(g.launch[i]))
-        new.append(int(g.launch_start[i]) - (d_cs.get(ci, 0) if ci is not None else 0) + (lag if b == D.BIND_LAUNCH else 0))
-    new_start = min(max(max(new), floor), s_i)
-    return s_i - new_start + int(removal.op_removed[i])
+_NONE = -(1 << 62)  # an absent term of a max
 
 
-def _call_start_shift(ch: _Chains, k: int, d_cs, d_ce, removal: _Removal, floor: int) -> int:
-    """How much earlier host call ``k`` starts: the previous call's shift plus the host time
-    removed between them (within the window)."""
-    s_k, tid = int(ch.start[k]), int(ch.tid[k])
-    p = int(ch.prev[k])
-    if p < 0:
-        base_t, base_d = floor, 0
-    elif int(ch.end[p]) <= s_k:
-        base_t, base_d = int(ch.end[p]), d_ce.get(p, 0)
-    else:  # nested in the previous call
-        base_t, base_d = int(ch.start[p]), d_cs.get(p, 0)
-    if base_t < floor:
-        base_t, base_d = floor, 0
-    return base_d + removal.measure(tid, s_k) - removal.measure(tid, base_t)
+def _in(idx: np.ndarray, lo_hi: tuple[int, int]) -> np.ndarray:
+    """Window positions of graph indices ``idx`` (-1: none, or outside [lo, hi))."""
+    lo, hi = lo_hi
+    return np.where((idx >= lo) & (idx < hi), idx - lo, -1)
 
 
-def _call_end_shift(g: D.DepGraph, ch: _Chains, k: int, d_cs, d_op, removal: _Removal) -> int:
-    """How much earlier host call ``k`` returns."""
-    s_k, e_k, tid = int(ch.start[k]), int(ch.end[k]), int(ch.tid[k])
-    ds = d_cs.get(k, 0)
-    r = int(ch.release[k])
-    if r < 0:
-        return ds + removal.measure(tid, e_k) - removal.measure(tid, s_k)
+def _op_terms(g: D.DepGraph, ch: _Chains, ops: np.ndarray, lag: np.ndarray, removal: _Removal, floor: int,
+              o_win: tuple[int, int], c_win: tuple[int, int]) -> tuple[list, ...]:
+    """Per activity of the window, what its shift reads (:func:`_walk`): whether it binds,
+    its start, removed duration, and per predecessor (stream, cross-stream, launch call) the
+    time it allowed with the activity's lag added when it binds (:data:`_NONE`: none) and its
+    window position (-1: its shift is 0)."""
+    b = g.bind[ops]
+    p, w, lc = g.prev[ops], g.wait_src[ops], g.launch[ops]
+    t_p = np.where(p >= 0, g.end[np.maximum(p, 0)] + np.where(b == D.BIND_STREAM, lag, 0), _NONE)
+    t_w = np.where(w >= 0, g.end[np.maximum(w, 0)] + np.where(b == D.BIND_WAIT, lag, 0), _NONE)
+    t_l = np.where(lc >= 0, g.launch_start[ops] + np.where(b == D.BIND_LAUNCH, lag, 0), _NONE)
+    ci = np.where(lc >= 0, ch.of_row[np.maximum(lc, 0)], -1) if len(ch.of_row) else np.full(len(ops), -1, dtype=np.int64)
+    binds = (b != D.BIND_NONE) & (g.start[ops] >= floor)
+    return (binds.tolist(), g.start[ops].tolist(), removal.op_removed[ops].tolist(), t_p.tolist(),
+            _in(p, o_win).tolist(), t_w.tolist(), _in(w, o_win).tolist(), t_l.tolist(),
+            np.where(ci >= 0, _in(ci, c_win), -1).tolist())
+
+
+def _measure(removal: _Removal, tid: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """:meth:`_Removal.measure` of every (tid, x) pair."""
+    out = np.zeros(len(x), dtype=np.int64)
+    for t, (s, e, cum) in removal.host.items():
+        m = np.flatnonzero(tid == t)
+        if not len(m):
+            continue
+        k = np.searchsorted(s, x[m], side="right") - 1
+        kk = np.maximum(k, 0)
+        out[m] = np.where(k < 0, 0, cum[kk] + np.minimum(np.maximum(x[m] - s[kk], 0), e[kk] - s[kk]))
+    return out
+
+
+def _call_start_terms(ch: _Chains, calls: np.ndarray, removal: _Removal, floor: int, c_lo: int) -> tuple[list, list, list]:
+    """Per host call of the window, what its start shift reads: which shift of the previous
+    call of its thread it adds (0: none, 1: its return, 2: its start: the call is nested in
+    it), that call's window position, and the host time removed since the base time."""
+    s = ch.start[calls]
+    p = ch.prev[calls]
+    pp = np.maximum(p, 0)
+    after = ch.end[pp] <= s
+    kind = np.where(p < 0, 0, np.where(after, 1, 2))
+    base_t = np.where(p < 0, floor, np.where(after, ch.end[pp], ch.start[pp]))
+    early = base_t < floor
+    kind = np.where(early, 0, kind)
+    base_t = np.where(early, floor, base_t)
+    add = _measure(removal, ch.tid[calls], s) - _measure(removal, ch.tid[calls], base_t)
+    return kind.tolist(), np.where(p >= c_lo, p - c_lo, -1).tolist(), add.tolist()
+
+
+def _call_end_terms(g: D.DepGraph, ch: _Chains, calls: np.ndarray, removal: _Removal,
+                    o_win: tuple[int, int]) -> tuple[list, ...]:
+    """Per host call of the window, what its return shift reads: whether it blocked on GPU
+    work (and still does), the host time it keeps or loses, and the GPU work's end and
+    window position."""
+    s, e, r = ch.start[calls], ch.end[calls], ch.release[calls]
+    tid = ch.tid[calls]
+    blocked = r >= 0
+    g_end = np.where(blocked, g.end[np.maximum(r, 0)], 0)
     if removal.unblock:
-        return e_k - (s_k - ds)
-    g_end = int(g.end[r])
-    ret = e_k - max(s_k, g_end)
-    new_end = max(s_k - ds, g_end - d_op.get(r, 0)) + ret
-    return e_k - new_end
+        plain = np.where(blocked, e - s, _measure(removal, tid, e) - _measure(removal, tid, s))
+        blocked = np.zeros(len(calls), dtype=bool)
+    else:
+        plain = _measure(removal, tid, e) - _measure(removal, tid, s)
+    ret = e - np.maximum(s, g_end)
+    return (blocked.tolist(), plain.tolist(), s.tolist(), e.tolist(), g_end.tolist(), ret.tolist(),
+            np.where(blocked, _in(r, o_win), -1).tolist())
+
+
+def _walk(order, typ, ref, d_op, d_cs, d_ce, op_args, cs_args, ce_args, floor: int) -> None:
+    """The shifts of every event of a window, in ``order`` (:func:`retime`): an activity starts
+    at the latest of what it waited for (the binding one plus its lag), within [floor, its
+    start]; a call starts after the previous call of its thread plus the host time kept
+    between them; a blocking call returns at the later of its start and its GPU work's end
+    plus its return latency."""
+    binds, o_s, o_rem, t_p, w_p, t_w, w_w, t_l, w_l = op_args
+    cs_kind, cs_prev, cs_add = cs_args
+    blocked, plain, c_s, c_e, c_gend, c_ret, c_rel = ce_args
+    for k in order:
+        ty, i = typ[k], ref[k]
+        if ty == _OP_START:
+            if not binds[i]:
+                d_op[i] = o_rem[i]
+                continue
+            j = w_p[i]
+            new = t_p[i] - (d_op[j] if j >= 0 else 0)
+            j = w_w[i]
+            x = t_w[i] - (d_op[j] if j >= 0 else 0)
+            if x > new:
+                new = x
+            j = w_l[i]
+            x = t_l[i] - (d_cs[j] if j >= 0 else 0)
+            if x > new:
+                new = x
+            s = o_s[i]
+            if new < floor:
+                new = floor
+            d_op[i] = (s - new if new < s else 0) + o_rem[i]
+        elif ty == _CALL_START:
+            kd, j = cs_kind[i], cs_prev[i]
+            base = 0 if kd == 0 or j < 0 else (d_ce[j] if kd == 1 else d_cs[j])
+            d_cs[i] = base + cs_add[i]
+        elif not blocked[i]:
+            d_ce[i] = d_cs[i] + plain[i]
+        else:
+            j = c_rel[i]
+            ge = c_gend[i] - (d_op[j] if j >= 0 else 0)
+            ns = c_s[i] - d_cs[i]
+            d_ce[i] = c_e[i] - ((ns if ns > ge else ge) + c_ret[i])
 
 
 # ---------------------------------------------------------------- per step
@@ -464,7 +533,8 @@ def rule_saving_ms(paths, steps, phase: str, spec, main_phase: str | None = None
     phase with the most own time; ``all``/``any``: every step), summed; on the window's path
     when the trace has no steps. None without a path that stands for the time at stake: no
     GPU work, no steps of the phase, or a window path cut short by a wait the trace cannot
-    explain (it then holds only the window's tail)."""
+    explain (it then holds only the window's tail). Each distinct (scenario, steps) is re-timed
+    once per graph (kept in its cache)."""
     if paths is None or paths.graph is None or (not paths.steps and paths.window is None):
         return None
     if not paths.steps and paths.window.reason in ("outside_trace", "not_in_trace"):
@@ -480,7 +550,11 @@ def rule_saving_ms(paths, steps, phase: str, spec, main_phase: str | None = None
             return None
     else:
         keys = [None]
-    return round(sum(c.saving_ns for c in step_changes(paths, sc, keys)) / 1e6, 6)
+    memo = paths.graph.cache.setdefault("rule_savings", {})  # rules that remove the same share one re-timing
+    hit = memo.get((sc, tuple(keys)))
+    if hit is None or hit[0] is not paths:
+        hit = memo[sc, tuple(keys)] = (paths, round(sum(c.saving_ns for c in step_changes(paths, sc, keys)) / 1e6, 6))
+    return hit[1]
 
 
 def scenario_table(paths, steps, sc: Scenario) -> dict:
