@@ -32,6 +32,7 @@ sync returns (README "Critical path").
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -75,6 +76,8 @@ class Path:
     end_ns: int
     reason: str
     anchor_ns: int
+    hkey: np.ndarray | None = None  # per segment, a code into ``hkeys`` (-1: not host time)
+    hkeys: list | None = None  # the (frame, cause, activity) triples of host pieces
 
     @property
     def dur(self) -> np.ndarray:
@@ -88,10 +91,30 @@ class Path:
         tot = np.bincount(self.kind.astype(np.int64), weights=self.dur, minlength=len(PATH_KINDS))
         return {k: int(tot[i]) for i, k in enumerate(PATH_KINDS) if tot[i] > 0}
 
+    @cached_property
+    def host_ns_by_frame(self) -> dict[tuple[str, str, str], int]:
+        """Host time (ns) by (frame, cause, activity), keys in order of first appearance."""
+        m = self.kind == K_HOST
+        if not m.any():
+            return {}
+        if self.hkey is not None:  # the codes the host pieces carry: sums in order of first appearance
+            c, d = self.hkey[m], self.dur[m]
+            o = np.argsort(c, kind="stable")
+            cs = c[o]
+            starts = np.flatnonzero(np.concatenate(([True], cs[1:] != cs[:-1])))
+            sums = np.add.reduceat(d[o], starts)
+            firsts = o[starts]
+            return {self.hkeys[int(cs[starts[i]])]: int(sums[i]) for i in np.argsort(firsts, kind="stable").tolist()}
+        frame = self.frame[m]
+        frame = np.where(pd.isna(frame), "", frame).astype(object)
+        return _sum_by(self.dur[m], frame, self.cause[m], self.activity[m])
+
     def host_ns_by_cause(self) -> dict[str, int]:
         """Host time (ns) by cause, causes in order of first appearance."""
-        m = self.kind == K_HOST
-        return _sum_by(self.dur[m], self.cause[m])
+        out: dict[str, int] = {}
+        for (_f, c, _a), v in self.host_ns_by_frame.items():
+            out[c] = out.get(c, 0) + v
+        return out
 
     def hta_comparable_ns(self) -> int:
         """Length with HTA 0.6.1's zero-weight parts left out (module docstring)."""
@@ -332,6 +355,7 @@ def _assemble(g: D.DepGraph, raw: list) -> list[Path]:
         base.append(len(flat))
         flat.extend(r[2])
     pieces = classify(g, flat)
+    pkey, ptable = pieces.keys()
     out = []
     for (_, chunks, _stretches, start, reason, anchor, end), b in zip(raw, base):
         if chunks:
@@ -344,12 +368,14 @@ def _assemble(g: D.DepGraph, raw: list) -> list[Path]:
         else:
             t0 = t1 = ref = np.zeros(0, dtype=np.int64)
             kind = np.zeros(0, dtype=np.int8)
-        out.append(_described(g, t0, t1, kind, ref, pieces, b, int(start), int(end), reason, int(anchor)))
+        out.append(_described(g, t0, t1, kind, ref, pieces, b, int(start), int(end), reason, int(anchor), pkey, ptable))
     return out
 
 
-def _described(g: D.DepGraph, t0, t1, kind, ref, pieces, base: int, start: int, end: int, reason: str, anchor: int) -> Path:
-    """A :class:`Path` from raw segments: names and causes; host segments cut into pieces."""
+def _described(g: D.DepGraph, t0, t1, kind, ref, pieces, base: int, start: int, end: int, reason: str, anchor: int,
+               pkey: np.ndarray | None = None, ptable: list | None = None) -> Path:
+    """A :class:`Path` from raw segments: names and causes; host segments cut into pieces
+    (``pkey``, ``ptable``: the pieces' (frame, cause, activity) codes and triples, carried)."""
     n = len(t0)
     cause = np.full(n, None, dtype=object)
     name = np.full(n, "", dtype=object)
@@ -384,15 +410,18 @@ def _described(g: D.DepGraph, t0, t1, kind, ref, pieces, base: int, start: int, 
     # host segments: replaced by their pieces
     keep = np.ones(n, dtype=bool)
     keep[host] = False
-    parts = [(t0[keep], t1[keep], kind[keep], cause[keep], act[keep], name[keep], frame[keep], op[keep])]
+    parts = [(t0[keep], t1[keep], kind[keep], cause[keep], act[keep], name[keep], frame[keep], op[keep],
+              np.full(int(keep.sum()), -1, dtype=np.int64))]
     seg, h0, h1, row = pieces.clipped(base + ref[host], t0[host], t1[host])
     if len(seg):
         k = len(seg)
         parts.append((h0, h1, np.full(k, K_HOST, dtype=np.int8), pieces.cause[row], pieces.activity[row],
-                      pieces.name[row], pieces.frame[row], np.full(k, -1, dtype=np.int64)))
-    cols = [np.concatenate([p[i] for p in parts]) for i in range(8)]
+                      pieces.name[row], pieces.frame[row], np.full(k, -1, dtype=np.int64),
+                      pkey[row] if pkey is not None else np.full(k, -1, dtype=np.int64)))
+    cols = [np.concatenate([p[i] for p in parts]) for i in range(9)]
     o = np.argsort(cols[0], kind="stable")
-    return Path(*(c[o] for c in cols), start, end, reason, anchor)
+    return Path(*(c[o] for c in cols[:8]), start, end, reason, anchor,
+                cols[8][o] if pkey is not None else None, ptable)
 
 
 # ---------------------------------------------------------------- report records
@@ -418,14 +447,10 @@ def path_record(p: Path, t0_ns: int, top: int = TOP_SEGMENTS) -> CriticalPath:
 
 def host_frames(paths: list[Path], top: int = TOP_FRAMES) -> list[PathFrame]:
     """Host time on ``paths`` by (frame, cause, activity), longest first."""
-    ms = [p.kind == K_HOST for p in paths]
-    if not paths or not any(m.any() for m in ms):
-        return []
-    frame = np.concatenate([p.frame[m] for p, m in zip(paths, ms)])
-    frame[pd.isna(frame) | (frame == "")] = ""
-    acc = _sum_by(np.concatenate([p.dur[m] for p, m in zip(paths, ms)]), frame,
-                  np.concatenate([p.cause[m] for p, m in zip(paths, ms)]),
-                  np.concatenate([p.activity[m] for p, m in zip(paths, ms)]))
+    acc: dict[tuple, int] = {}
+    for p in paths:
+        for k, v in p.host_ns_by_frame.items():
+            acc[k] = acc.get(k, 0) + v
     rows = sorted(acc.items(), key=lambda kv: -kv[1])[:top]
     return [PathFrame(frame=f, cause=c, activity=a, duration_ms=_ms(v)) for (f, c, a), v in rows]
 

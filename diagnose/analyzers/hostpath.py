@@ -103,12 +103,26 @@ class CauseTimeline:
 
     def at(self, t: np.ndarray) -> np.ndarray:
         """Cause at each instant of ``t``."""
-        out = np.full(len(t), DEFAULT_CAUSE, dtype=object)
+        codes, names = self.codes_at(t)
+        return names[codes]
+
+    def codes_at(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(code at each instant of ``t``, the causes the codes index: object array)."""
+        codes, names = pd_factorize(np.append(self.cause, DEFAULT_CAUSE).astype(object))
+        out = np.full(len(t), codes[-1], dtype=np.int64)  # outside every piece: the default cause
         if len(self.start):
             k = np.searchsorted(self.start, t, side="right") - 1
             ok = (k >= 0) & (t < self.end[np.maximum(k, 0)])
-            out[ok] = self.cause[k[ok]]
-        return out
+            out[ok] = codes[k[ok]]
+        return out, names
+
+
+def pd_factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``pandas.factorize`` (codes, uniques as an object array), pandas imported here."""
+    import pandas as pd
+
+    codes, uniq = pd.factorize(values)
+    return np.asarray(codes, dtype=np.int64), np.asarray(uniq, dtype=object)
 
 
 def _sorted_unique(x: np.ndarray) -> np.ndarray:
@@ -307,6 +321,19 @@ class HostPieces:
         o = np.lexsort((cols[1], cols[0]))
         return cls(*(c[o] for c in cols))
 
+    def keys(self) -> tuple[np.ndarray, list[tuple[str, str, str]]]:
+        """(per piece, a code of its (frame, cause, activity); the triples the codes index)."""
+        codes, uniqs = [], []
+        for col in (self.frame, self.cause, self.activity):
+            c, u = pd_factorize(col)
+            codes.append(c)
+            uniqs.append(u)
+        nc, na = max(len(uniqs[1]), 1), max(len(uniqs[2]), 1)
+        key, first = pd_factorize((codes[0] * nc + codes[1]) * na + codes[2])
+        first = np.asarray(first, dtype=np.int64)
+        table = [(uniqs[0][x // (nc * na)], uniqs[1][(x // na) % nc], uniqs[2][x % na]) for x in first.tolist()]
+        return key, table
+
     def clipped(self, owner: np.ndarray, s0: np.ndarray, s1: np.ndarray) -> tuple[np.ndarray, ...]:
         """The pieces of stretch ``owner[i]`` clipped to [s0[i], s1[i]), for every i in order,
         empty clips dropped: (segment i, t0, t1, piece row) arrays."""
@@ -336,6 +363,19 @@ def classify(graph, stretches: list[tuple[int, int, int]]) -> HostPieces:
     return HostPieces.concat(parts)
 
 
+def _local_codes(col, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``idx`` of a name column as (codes, the values they index: object array); a
+    categorical column's own codes (a missing value: NaN, the last value), else factorized."""
+    import pandas as pd
+
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        codes = col.cat.codes.to_numpy()[idx].astype(np.int64)
+        cats = np.append(col.cat.categories.to_numpy(dtype=object), np.nan).astype(object)
+        return np.where(codes < 0, len(cats) - 1, codes), cats
+    codes, uniq = pd.factorize(col.to_numpy(dtype=object)[idx], use_na_sentinel=False)
+    return np.asarray(codes, dtype=np.int64), np.asarray(uniq, dtype=object)
+
+
 def _str_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(codes, names): ``values`` as ``str`` (``str(x)`` of each), equal strings one code."""
     import pandas as pd
@@ -351,13 +391,15 @@ class _Nesting:
     innermost event open at an event's start, :func:`~diagnose.analyzers.nesting.prev_exceeding`),
     with inherited attributes."""
 
-    def __init__(self, s, e, cls, name, linked) -> None:
+    def __init__(self, s, e, cls, name_code, linked, names) -> None:
         from diagnose.analyzers.nesting import nearest_marked, prev_exceeding
 
         o = np.lexsort((cls, -e, s))
         self.s, self.e, self.cls = s[o], e[o], cls[o]
         self.linked = linked[o]
-        code, names = _str_codes(name[o])
+        # one code per distinct str(name) (names of several frames: a name can repeat in ``names``)
+        remap, names = _str_codes(names)
+        code = remap[name_code[o]] if len(o) else np.zeros(0, dtype=np.int64)
         if len(names) and (names == "").any():
             code = np.where(code == int(np.flatnonzero(names == "")[0]), -1, code)
         self.code = code  # name of event i: names[code[i]]; -1: "" (also "no name", "no frame")
@@ -375,6 +417,9 @@ class _Nesting:
         o = np.argsort(sa)
         ms, me = sa[o], sb[o]
 
+        uniqs: list[np.ndarray] = []
+        base = [0]
+
         def take(frame, c: int, linked=None) -> None:
             if frame is None or not len(frame):
                 return
@@ -385,8 +430,10 @@ class _Nesting:
             ov = m & (k < len(ms)) & (ms[np.minimum(k, len(ms) - 1)] < e)
             idx = np.flatnonzero(ov)
             lk = np.zeros(len(idx), dtype=bool) if linked is None else linked[idx]
-            parts.append((s[idx], np.maximum(e[idx], s[idx]), np.full(len(idx), c, dtype=np.int8),
-                          frame["name"].to_numpy(dtype=object)[idx], lk))
+            codes, uniq = _local_codes(frame["name"], idx)
+            parts.append((s[idx], np.maximum(e[idx], s[idx]), np.full(len(idx), c, dtype=np.int8), codes + base[0], lk))
+            uniqs.append(uniq)
+            base[0] += len(uniq)
 
         ann = tr.annotations
         take(ann[ann["scope"] == "cpu"] if len(ann) else None, _CLS_RANGE)
@@ -396,8 +443,8 @@ class _Nesting:
         take(tr.runtime, _CLS_RT, _launch_like(graph))
         if not parts:
             z = np.zeros(0, dtype=np.int64)
-            return cls(z, z, np.zeros(0, dtype=np.int8), np.zeros(0, dtype=object), np.zeros(0, dtype=bool))
-        return cls(*(np.concatenate([p[i] for p in parts]) for i in range(5)))
+            return cls(z, z, np.zeros(0, dtype=np.int8), z, np.zeros(0, dtype=bool), np.zeros(0, dtype=object))
+        return cls(*(np.concatenate([p[i] for p in parts]) for i in range(5)), np.concatenate(uniqs))
 
     def pieces(self, owner: np.ndarray, sa: np.ndarray, sb: np.ndarray, tl: CauseTimeline) -> HostPieces:
         """The pieces of stretches [sa, sb) (``owner``: their indices), cut at every event
@@ -414,10 +461,9 @@ class _Nesting:
         x0[:] = sa[own]
         x0[pos > 0] = x1[np.flatnonzero(pos > 0) - 1]
         mid = x0 + (x1 - x0) // 2
-        cause = tl.at(mid)
+        ccode, cnames = tl.codes_at(mid)
         k = self._innermost(mid)
         act, name_code, frame_code = self._describe(k)
-        ccode, cnames = _str_codes(cause)
         new = np.ones(len(own), dtype=bool)
         new[1:] = ((own[1:] != own[:-1]) | (ccode[1:] != ccode[:-1]) | (act[1:] != act[:-1])
                    | (name_code[1:] != name_code[:-1]) | (frame_code[1:] != frame_code[:-1]))
