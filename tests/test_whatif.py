@@ -179,3 +179,63 @@ def test_whatif_command(tmp_path):
     assert r.exit_code == 0 and "Scenario: --speedup gemm=2" in r.output and "decode" in r.output
     r = CliRunner().invoke(main, ["whatif", "--trace", str(p), "--remove", "nope"])
     assert r.exit_code == 2 and "unknown cause 'nope'" in r.output
+
+
+# ---------------------------------------------------------------- the fast walk
+
+
+_WALK_TRACES = ["hta/critical_path_alexnet/benchmark_result_2869224_1695835535_trace.json.gz",
+                "tracelens/vllm_decode_full/graph_execution.json.gz",
+                "nano-vllm-zhang-yuhui/profile_results/decode_gpu_0.json",
+                "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"]
+
+
+@pytest.mark.parametrize("rel", _WALK_TRACES)
+def test_fast_walk_gives_the_reference_walks_shifts(rel, monkeypatch):
+    """:func:`whatif._walk_fast` (chains of host calls summed with numpy, a Python step per
+    activity and blocking call) re-times every step exactly as the event-by-event walk does,
+    for GPU speedups, per-activity roofline scales, every host cause removed, lags removed,
+    blocking calls unblocked and mixes of them."""
+    a = run_analysis(str(shared_trace(rel)))
+    paths = a.paths
+    g = paths.graph
+    rng = np.random.default_rng(0)
+    ops = tuple((int(i), float(rng.choice([0.0, 0.5]))) for i in rng.choice(g.n, size=min(g.n, 200), replace=False))
+    from diagnose.analyzers.hostpath import path_causes
+
+    scs = ([W.scenario((), (f"{c}=inf",)) for c in ("gemm", "attention", "elementwise", "communication")]
+           + [W.scenario((), ("gemm=2",)), W.Scenario(ops=ops)]
+           + [W.scenario((c,), ()) for c in (*path_causes(), "idle", "launch", "host_blocked", "dependency", "switch", "graph")]
+           + [W.scenario(("launch", "host_blocked"), ("gemm=2",)), W.scenario(("host_compute",), ("attention=inf",))])
+    saved = 0
+    for sc in scs:
+        monkeypatch.setattr(W, "FAST_WALK", True)
+        fast = W.step_changes(paths, sc)
+        monkeypatch.setattr(W, "FAST_WALK", False)
+        assert fast == W.step_changes(paths, sc), sc.label
+        saved += sum(c.saving_ns > 0 for c in fast)
+    assert saved > 0  # the scenarios change something on this trace
+
+
+def test_sum_to_marked_sums_up_to_the_nearest_marked_ancestor():
+    from diagnose.analyzers.nesting import sum_to_marked
+
+    # chains 0 <- 1 <- 2 <- 3 and 4 <- 5; 0, 2 and 4 marked
+    parent = np.array([-1, 0, 1, 2, -1, 4])
+    mark = np.array([True, False, True, False, True, False])
+    w = np.array([10, 1, 20, 3, 40, 5])
+    root, acc = sum_to_marked(parent, mark, w)
+    assert root.tolist() == [0, 0, 2, 2, 4, 4]
+    assert acc.tolist() == [0, 1, 0, 3, 0, 5]
+    rng = np.random.default_rng(1)
+    n = 500
+    parent = np.array([-1] + [int(rng.integers(0, i)) for i in range(1, n)])
+    mark = rng.random(n) < 0.1
+    w = rng.integers(0, 1000, n)
+    root, acc = sum_to_marked(parent, mark, w)
+    for i in range(n):
+        j, tot = i, 0
+        while j >= 0 and not mark[j]:
+            tot += int(w[j])
+            j = int(parent[j])
+        assert (int(root[i]), int(acc[i])) == (j, tot if j >= 0 else int(acc[i]))

@@ -131,3 +131,30 @@ def nearest_marked(parent: np.ndarray, mark: np.ndarray) -> np.ndarray:
         found = rp >= 0
         res[act[found]] = rp[found]
         ptr[act] = np.where(found, -1, nxt)
+
+
+def sum_to_marked(parent: np.ndarray, mark: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each node, its nearest marked ancestor-or-self (-1 none) and the sum of ``w`` over
+    the nodes from it up to that ancestor, the ancestor excluded (0 for a marked node).
+    Pointer jumping: O(n log depth).
+
+    Args:
+        parent: int64 array of length n (-1 for a root); mark: bool array; w: int64 array.
+
+    Returns:
+        (int64 array, int64 array), each of length n.
+    """
+    n = len(parent)
+    root = np.where(mark, np.arange(n, dtype=np.int64), -1)
+    acc = np.where(mark, 0, np.asarray(w, dtype=np.int64))
+    ptr = np.where(mark, -1, np.asarray(parent, dtype=np.int64))  # acc[i]: the sum over [i, ptr[i])
+    while True:
+        act = np.flatnonzero((root < 0) & (ptr >= 0))
+        if not len(act):
+            return root, acc
+        p = ptr[act]
+        rp, ap, pp = root[p], acc[p], ptr[p]
+        acc[act] += ap
+        done = rp >= 0
+        root[act[done]] = rp[done]
+        ptr[act] = np.where(done, -1, pp)
