@@ -88,3 +88,25 @@ def test_parents_of_a_real_threads_ops() -> None:
     parent = prev_exceeding(e, s)
     assert parent.tolist() == _walk(sl, el, lambda t, i: el[t] <= sl[i]).tolist()
     assert len(s) == 359 and int((parent < 0).sum()) == 147
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_last_above_is_the_walk_up_the_parents(seed: int) -> None:
+    """The operator open at a time: walking up the call tree from the last one started
+    before it until one still runs then (what ``calltree.enclosing_ops`` did) gives
+    :func:`last_above` of the ends, at the start's position, not strict."""
+    from diagnose.analyzers.nesting import last_above
+
+    rng = np.random.default_rng(seed)
+    s, e = _intervals(rng, 300, 60)
+    parent = _walk(s.tolist(), e.tolist(), lambda t, i: e[t] < e[i])
+    t = rng.integers(-5, 1100, 400)
+    c = np.searchsorted(s, t, side="right") - 1
+    want = []
+    for ci, ti in zip(c.tolist(), t.tolist()):
+        while ci >= 0 and e[ci] < ti:
+            ci = int(parent[ci])
+        want.append(ci)
+    got = last_above(e, np.searchsorted(s, t, side="right"), t, strict=False)
+    assert got.tolist() == want
+    assert last_above(e, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)).tolist() == []

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analyzers.graphmap import ORIGIN_CALL_TREE, ORIGIN_CALL_TREE_NODIMS, OpSources
+from diagnose.analyzers.nesting import last_above
 from diagnose.trace.model import NO_TIME
 
 
@@ -23,10 +24,10 @@ def enclosing_ops(ops: pd.DataFrame, tids: np.ndarray, times: np.ndarray) -> np.
     innermost operator on that thread open at that time (start <= t <= end), -1 where none.
 
     Operators on one thread nest (a child starts and ends inside its parent); the innermost
-    open one is found from the latest start at or before ``t`` by walking up the parents
-    until one still runs at ``t``. Only operators that can contain a query (on a queried
-    thread, overlapping the queries' time range) are read; the parent links are found with
-    numpy (:func:`_parents`).
+    open one is the latest started at or before ``t`` that still runs at ``t`` (what walking
+    up the parents from the latest start finds), found with numpy
+    (:func:`~diagnose.analyzers.nesting.last_above`). Only operators that can contain a query
+    (on a queried thread, overlapping the queries' time range) are read.
 
     Args:
         ops: ``Trace.cpu_ops`` (tid, start_ns, end_ns).
@@ -51,16 +52,10 @@ def enclosing_ops(ops: pd.DataFrame, tids: np.ndarray, times: np.ndarray) -> np.
         order = np.lexsort((-o_e[m], o_s[m]))  # start ascending, the enclosing (longer) one first
         rows = m[order]
         s, e = o_s[rows], o_e[rows]
-        parent = _parents(s, e)
-        c = np.searchsorted(s, times[q], side="right") - 1
-        tq = times[q]
+        # the last operator started at or before t that still runs at t (the one a walk up
+        # the call tree from the last operator started reaches)
+        c = last_above(e, np.searchsorted(s, times[q], side="right"), times[q], strict=False)
         live = c >= 0
-        while True:
-            bad = live & (e[np.maximum(c, 0)] < tq)
-            if not bad.any():
-                break
-            c[bad] = parent[c[bad]]
-            live &= c >= 0
         out[q[live]] = rows[c[live]]
     return out
 
@@ -99,13 +94,3 @@ def assign_ops(ops: pd.DataFrame, sel, op_row: np.ndarray, src: np.ndarray, inst
     inst[sel] = op_row
     has_dims = ~pd.isna(cols_used[1])
     origin[sel] = np.where(has_dims[op_code], with_dims, without_dims)
-
-
-def _parents(s: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """Parent (position, -1 none) of each interval, intervals sorted by start ascending and
-    end descending: the innermost earlier interval that contains it, what a stack walk
-    popping intervals that end before it gives: the latest earlier one ending at or after
-    its end (:func:`~diagnose.analyzers.nesting.prev_exceeding`)."""
-    from diagnose.analyzers.nesting import prev_exceeding
-
-    return prev_exceeding(e, e, strict=False)

@@ -57,6 +57,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analyzers.hostsource import host_sources, thread_events
+from diagnose.analyzers.nesting import sorted_unique
 from diagnose.trace.model import NO_TIME, Trace, per_unique
 from diagnose.vocab import HOST_CAUSES
 
@@ -319,7 +320,7 @@ class HostCauses:
         cls_e, cls_g, nm_e, nm_g = _event_causes(s, e, depth, parent, flags)
         ov_s, ov_e, ov_cls, ov_names = self._overhead_arrays()
         gs, ge = self.graph_ctx
-        bounds = np.unique(np.concatenate((s, e, ov_s, ov_e, gs, ge, [-_FAR, _FAR])))
+        bounds = sorted_unique(np.concatenate((s, e, ov_s, ov_e, gs, ge, [-_FAR, _FAR])))
         th = _Thread(tid, s, e, np.concatenate((names, ov_names)), depth, parent, levels, bounds,
                      np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int64), ua, ub)
         t = bounds[:-1]

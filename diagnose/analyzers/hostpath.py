@@ -38,6 +38,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from diagnose.analyzers.nesting import sorted_unique
 from diagnose.trace.model import per_unique
 
 #: Python frames of libraries and the interpreter: never "where the time went" in the user's
@@ -123,17 +124,6 @@ def pd_factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     codes, uniq = pd.factorize(values)
     return np.asarray(codes, dtype=np.int64), np.asarray(uniq, dtype=object)
-
-
-def _sorted_unique(x: np.ndarray) -> np.ndarray:
-    """``np.unique`` of int64 ``x`` made of sorted runs: a stable sort merges the runs."""
-    x = np.sort(x, kind="stable")
-    if len(x) < 2:
-        return x
-    keep = np.empty(len(x), dtype=bool)
-    keep[0] = True
-    np.not_equal(x[1:], x[:-1], out=keep[1:])
-    return x[keep]
 
 
 def _merge(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -267,7 +257,7 @@ def cause_timeline(graph, tid: int) -> CauseTimeline:
     if not layers:
         tl = CauseTimeline(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, dtype=object))
     else:
-        pts = _sorted_unique(np.concatenate([np.concatenate((s, e)) for _, s, e in layers]))
+        pts = sorted_unique(np.concatenate([np.concatenate((s, e)) for _, s, e in layers]))
         a, b = pts[:-1], pts[1:]
         mid = a + (b - a) // 2
         cause = np.full(len(a), None, dtype=object)
@@ -449,7 +439,7 @@ class _Nesting:
     def pieces(self, owner: np.ndarray, sa: np.ndarray, sb: np.ndarray, tl: CauseTimeline) -> HostPieces:
         """The pieces of stretches [sa, sb) (``owner``: their indices), cut at every event
         and cause boundary, adjacent pieces alike merged."""
-        allpts = _sorted_unique(np.concatenate((self.s, self.e, tl.start, tl.end)))
+        allpts = sorted_unique(np.concatenate((self.s, self.e, tl.start, tl.end)))
         lo = np.searchsorted(allpts, sa, side="right")
         cnt = np.maximum(np.searchsorted(allpts, sb, side="left") - lo, 0) + 1  # inner points + 1
         own = np.repeat(np.arange(len(sa), dtype=np.int64), cnt)
@@ -474,16 +464,14 @@ class _Nesting:
                           self.names[frame_code[first]])
 
     def _innermost(self, t: np.ndarray) -> np.ndarray:
-        """Index of the innermost event open at each instant (-1 none)."""
+        """Index of the innermost event open at each instant (-1 none): the last one started
+        at or before it that has not ended (the one a walk up the parents from the last
+        started reaches: every event it skips ended before the instant)."""
+        from diagnose.analyzers.nesting import last_above
+
         if len(self.s) == 0:
             return np.full(len(t), -1, dtype=np.int64)
-        k = np.searchsorted(self.s, t, side="right") - 1
-        for _ in range(len(self.s)):
-            bad = (k >= 0) & (self.e[np.maximum(k, 0)] <= t)
-            if not bad.any():
-                break
-            k = np.where(bad, self.parent[np.maximum(k, 0)], k)
-        return k
+        return last_above(self.e, np.searchsorted(self.s, t, side="right"), t, strict=True)
 
     def _activities(self) -> np.ndarray:
         """Per event, its activity (index into :data:`ACTIVITIES`) when innermost."""

@@ -14,6 +14,19 @@ from __future__ import annotations
 import numpy as np
 
 
+def sorted_unique(x: np.ndarray) -> np.ndarray:
+    """``np.unique(x)`` of a numeric array by a stable sort (it merges sorted runs, such as
+    concatenated start and end times, in linear time; numpy 2.4's ``np.unique`` hashes first
+    and took 0.4 s for a million distinct int64 where this takes 0.03 s)."""
+    x = np.sort(np.asarray(x), kind="stable")
+    if len(x) < 2:
+        return x
+    keep = np.empty(len(x), dtype=bool)
+    keep[0] = True
+    np.not_equal(x[1:], x[:-1], out=keep[1:])
+    return x[keep]
+
+
 def _ranks(v: np.ndarray, q: np.ndarray, group: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, int]:
     """Dense ranks of ``v`` and ``q`` in one order (by ``group`` first when given): (rank of
     v, rank of q, number of distinct keys)."""
@@ -65,26 +78,68 @@ def prev_exceeding(v: np.ndarray, q: np.ndarray, strict: bool = True, group: np.
         rv, rq = v, q
     if not strict:
         rq = rq - 1  # integers: v >= q  <=>  v > q - 1
-    base = min(int(rv.min()), int(rq.min())) - 1
-    top = max(int(rv.max()), int(rq.max())) - base + 2
-    if top * n >= 1 << 62:  # the flattened keys below would overflow: dense ranks instead
-        rv, rq, u = _ranks(rv, rq, None)
+    pend = np.arange(1, n, dtype=np.int64)
+    prefix = np.maximum.accumulate(rv)
+    pend = pend[prefix[:-1] > rq[1:]]  # some earlier element passes: an answer exists
+    out[pend] = _search(rv, rq[pend], pend)
+    return out
+
+
+def last_above(v: np.ndarray, pos: np.ndarray, q: np.ndarray, strict: bool = True) -> np.ndarray:
+    """For each query ``i``, the largest ``j < pos[i]`` with ``v[j] > q[i]`` (``>=`` when not
+    ``strict``), -1 where none (:func:`prev_exceeding` with positions and thresholds of its own).
+
+    Args:
+        v: int64 array of length n (ns); pos: int64 array of positions in [0, n]; q: int64
+            array of the same length as ``pos`` (ns).
+
+    Returns:
+        int64 array of the length of ``pos``.
+    """
+    v = np.asarray(v, dtype=np.int64)
+    q = np.asarray(q, dtype=np.int64)
+    pos = np.asarray(pos, dtype=np.int64)
+    out = np.full(len(pos), -1, dtype=np.int64)
+    if not len(v) or not len(pos):
+        return out
+    if not strict:
+        q = q - 1
+    prefix = np.maximum.accumulate(v)
+    ok = (pos > 0) & (prefix[np.maximum(np.minimum(pos, len(v)) - 1, 0)] > q)
+    o = np.flatnonzero(ok)
+    o = o[np.argsort(pos[o], kind="stable")]
+    out[o] = _search(v, q[o], pos[o])
+    return out
+
+
+def _search(v: np.ndarray, q: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """For each query (``pos`` sorted ascending, each with an answer), the largest
+    ``j < pos`` with ``v[j] > q``: over a power-of-two block decomposition of ``v``, the
+    query looks at the left half of each block whose right half holds it, nearest first."""
+    n = len(v)
+    out = np.full(len(pos), -1, dtype=np.int64)
+    if not len(pos):
+        return out
+    base = min(int(v.min()), int(q.min())) - 1
+    top = max(int(v.max()), int(q.max())) - base + 2
+    if top * (n + 1) >= 1 << 62:  # the flattened keys below would overflow: dense ranks instead
+        v, q, u = _ranks(v, q, None)
         base, top = -1, u + 2
-    xv, xq = rv - base, rq - base  # >= 1; 0 pads and passes no test
-    levels = max(1, (n - 1).bit_length())
+    xv, xq = v - base, q - base  # >= 1; 0 pads and passes no test
+    levels = max(1, n.bit_length())
     pv = np.zeros(1 << levels, dtype=np.int64)
     pv[:n] = xv
-    prefix = np.maximum.accumulate(xv)
-    pend = np.flatnonzero(prefix[:-1] > xq[1:]) + 1  # some earlier element passes: an answer exists
+    pend = np.arange(len(pos), dtype=np.int64)  # queries not answered yet, in position order
     for k in range(levels):
         if not len(pend):
             break
-        at = np.flatnonzero(((pend >> k) & 1) == 1)  # in the right half of their block of 2h: look left
+        p = pos[pend]
+        at = np.flatnonzero(((p >> k) & 1) == 1)  # in the right half of their block of 2h: look left
         if not len(at):
             continue
         sel = pend[at]
         h = 1 << k
-        b = sel >> (k + 1)
+        b = p[at] >> (k + 1)
         first = np.empty(len(b), dtype=bool)
         first[0] = True
         first[1:] = b[1:] != b[:-1]
