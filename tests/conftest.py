@@ -36,6 +36,22 @@ def shared_trace(rel: str) -> Path:
     return p
 
 
+def sweep(argvalues, keep, ids=None) -> list:
+    """A ``parametrize`` sweep split for the inner loop: the cases in ``keep`` (indices, or ids
+    when ``ids`` is given) are the representatives that run under ``-m "not slow"``; every
+    other case is marked ``slow``, so the full suite (README, .ci/run) still runs them all.
+    A tuple case is unpacked into the argnames, anything else is one argument."""
+    out, reps = [], 0
+    for i, v in enumerate(argvalues):
+        rep = i in keep or (ids is not None and ids[i] in keep)
+        reps += rep
+        out.append(pytest.param(*(v if isinstance(v, tuple) else (v,)), id=None if ids is None else ids[i],
+                                marks=() if rep else pytest.mark.slow))
+    if argvalues and not reps:
+        raise ValueError(f"sweep keeps none of its cases in the inner loop: {keep!r}")
+    return out
+
+
 def kineto_files() -> list[Path]:
     """Every Kineto JSON trace in the shared corpus (the sidecar execution_details.json is not one)."""
     if not SHARED_TRACES.exists():

@@ -4,6 +4,7 @@ README, and every quality code emitted somewhere listed in the vocabulary (and v
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -32,9 +33,15 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """The parsed source of ``path``, parsed once for every test of this file (read only)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     """Project modules ``name`` imports, at module level or inside functions."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = _tree(path)
     is_pkg = path.name == "__init__.py"
     out = set()
     for node in ast.walk(tree):
@@ -57,9 +64,15 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     return out
 
 
-def _graph() -> dict[str, set[str]]:
+@functools.cache
+def _graph_once() -> tuple[tuple[str, frozenset[str]], ...]:
     mods = _modules()
-    return {n: _imports(n, p, set(mods)) for n, p in mods.items()}
+    return tuple((n, frozenset(_imports(n, p, set(mods)))) for n, p in mods.items())
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (a fresh copy of the graph built once)."""
+    return {n: set(deps) for n, deps in _graph_once()}
 
 
 def _is_child(mod: str, parent: str) -> bool:
@@ -243,7 +256,7 @@ def test_no_function_over_120_lines():
         rel = str(p.relative_to(ROOT))
         if rel in SIZE_EXCEPTIONS:
             continue
-        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+        for node in ast.walk(_tree(p)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
                 if n > MAX_FUNCTION_LINES and f"{rel}:{node.name}" not in SIZE_EXCEPTIONS:

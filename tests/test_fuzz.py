@@ -109,6 +109,7 @@ def _harness():
     return mod
 
 
+@pytest.mark.slow  # fuzz loop (60 inputs); the seeded fuzz tests above are the inner loop's
 def test_issue20_inputs_end_cleanly_and_quickly():
     """mutant3 (encodings, 64-bit ids, shapes, duplicates, names, nsys exports, side inputs):
     every one of 60 inputs is read as the command line reads it and ends ok or with one

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import ROOT, SHARED_TRACES
+from conftest import ROOT, SHARED_TRACES, sweep
 from diagnose.cli import main
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -107,7 +107,14 @@ def _check(golden: Path, got, request, sort_keys: bool = False) -> None:
                     + "\n".join(diffs[:40]))
 
 
-@pytest.mark.parametrize("name,path,extra", CASES, ids=[c[0] for c in CASES])
+#: The inner loop's representatives: both shipped samples, one shared Kineto trace, one nsys
+#: SQLite report and one run with a model config; the rest of the corpus runs in the full suite.
+INNER_LOOP = {"samples__tiny_cpu.json.gz", "samples__tracelens__vllm_decode_mi300x.json.gz",
+              "shared__tracelens__sglang_decode__sglang_Qwen3-8B_decode.json.gz",
+              "shared__nvfuser__64ee035__report1.sqlite", "expert__h100_qwen1.5-0.5b"}
+
+
+@pytest.mark.parametrize("name,path,extra", sweep(CASES, INNER_LOOP, ids=[c[0] for c in CASES]))
 def test_golden_report(name, path, extra, request):
     """The whole report (prose and numbers) and, in a separate golden, its flat findings
     (numbers only: a wording change does not churn them)."""

@@ -213,6 +213,7 @@ def _best_time(fn, arg, repeat: int = 3) -> float:
     return best
 
 
+@pytest.mark.slow  # resource bound (timed); test_p16_a_trace_with_a_400kb_kernel_name_runs_in_seconds is the inner loop's
 def test_p16_a_400kb_kernel_name_classifies_in_linear_time():
     from diagnose.analyzers.categories import base_name, classify_kernel
 
@@ -272,6 +273,7 @@ def _units(rx: re.Pattern) -> list[str]:
     return units + ["sm90_", "a", "(", "["]
 
 
+@pytest.mark.slow  # resource bound (timed, every pattern); test_p16_a_trace_with_a_400kb_kernel_name_runs_in_seconds is the inner loop's
 def test_p16_every_pattern_on_trace_names_is_linear():
     """Each pattern on adversarial text of 8,000 and 32,000 characters: at most 10x the time
     (a quadratic pattern takes 16x; the timing floor of 10 ms keeps noise out). Work per

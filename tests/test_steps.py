@@ -15,7 +15,7 @@ import tarfile
 
 import pytest
 from click.testing import CliRunner
-from conftest import shared_trace
+from conftest import shared_trace, sweep
 
 import trace_variants as tv
 from diagnose.analyzers import structure
@@ -160,7 +160,8 @@ def test_sglang_decode_step_and_tpot():
     assert round(r["latency"]["tpot_ms"]["p50"], 1) == 10.4 and r["latency"]["ttft_ms"] is None
 
 
-@pytest.mark.parametrize("variant", ["sglang_capture", "vllm_capture", "h100_planted_capture"])
+@pytest.mark.parametrize("variant", sweep(["sglang_capture", "vllm_capture", "h100_planted_capture"], {0, 2},
+                                           ids=["sglang_capture", "vllm_capture", "h100_planted_capture"]))
 def test_a_graph_capture_pass_is_never_a_step(variant, tmp_path):
     """Nothing runs in a capture pass: SGLang's (ProfilerStep#134 holding capture_32_DECODE),
     vLLM's (capture_32_FULL, 591 hipStreamGetCaptureInfo) and the H100 forward with a
@@ -228,7 +229,7 @@ def test_nvfuser_unit_test_has_no_steps():
     assert {p["name"] for p in r["phases"]} <= {"all", "unknown"}
 
 
-@pytest.mark.parametrize("rel, first", [(RESNET18, 5), (RESNET19, 5)])
+@pytest.mark.parametrize("rel, first", sweep([(RESNET18, 5), (RESNET19, 5)], {0}))
 def test_resnet_training_six_profiler_steps(rel, first):
     """§14: ResNet-50 training, ProfilerStep#5..#10 (Operator events in PyTorch 1.8): six steps
     timed from the activities each launched; training, no prefill/decode reading."""
@@ -249,6 +250,7 @@ def test_resnet_pt18_spans_match_the_expert_table():
     assert [round(s["gpu_span_ms"], 3) for s in r["steps"]] == [120.244, 121.318, 111.737, 113.475, 116.360, 122.446]
 
 
+@pytest.mark.slow  # 8 ranks; test_resnet_training_six_profiler_steps is the inner loop's training trace
 def test_dlrm_eight_ranks_one_training_step_each(tmp_path):
     """§14: the DLRM tar holds 8 ranks, each ProfilerStep#10: one training step per rank."""
     with tarfile.open(shared_trace(DLRM)) as tf:
@@ -281,7 +283,8 @@ FRAME_FAMILY = [
 ]
 
 
-@pytest.mark.parametrize("rel, marker, phase", FRAME_FAMILY)
+# inner loop: a prefill (H100, from shapes) and a decode (SGLang); the full suite runs every trace
+@pytest.mark.parametrize("rel, marker, phase", sweep(FRAME_FAMILY, {1, 5}))
 def test_markers_removed_steps_from_engine_frames(rel, marker, phase, tmp_path):
     raw = raw_step(doc(rel), marker)
     r = analyse(tv.write(tv.strip_markers(doc(rel)), tmp_path / "nomark.json"))
@@ -311,9 +314,9 @@ def test_sglang_innermost_engine_frame_is_the_step(tmp_path):
     assert r["latency"]["tpot_ms"]["p50"] == pytest.approx(inner["span_ms"] + lead, abs=2e-6)
 
 
-@pytest.mark.parametrize("rel, marker", [(B200, r"^execute_context_"), (SGL_DECODE, r"^step\[DECODE"),
-                                          (SGL_PREFILL, r"^step\[EXTEND"), (VLLM_DECODE, r"^execute_32_"),
-                                          (H100, r"^ProfilerStep#6$"), (MI300, r"^ProfilerStep#6$")])
+@pytest.mark.parametrize("rel, marker", sweep([(B200, r"^execute_context_"), (SGL_DECODE, r"^step\[DECODE"),
+                                                (SGL_PREFILL, r"^step\[EXTEND"), (VLLM_DECODE, r"^execute_32_"),
+                                                (H100, r"^ProfilerStep#6$"), (MI300, r"^ProfilerStep#6$")], {1, 4}))
 def test_frames_removed_too_steps_from_structure(rel, marker, tmp_path):
     raw = raw_step(doc(rel), marker)
     r = analyse(tv.write(tv.strip_frames(tv.strip_markers(doc(rel))), tmp_path / "noframe.json"))
@@ -325,9 +328,9 @@ def test_frames_removed_too_steps_from_structure(rel, marker, tmp_path):
     assert abs(s["gpu_span_ms"] - raw["span_ms"]) / raw["span_ms"] < 0.01
 
 
-@pytest.mark.parametrize("rel, evidence", [("nano-vllm-zhang-yuhui/profile_results/decode_gpu_0.json", ["shapes"]),
-                                           ("nano-vllm-zhang-yuhui/forward_10.json", ["shapes"]),
-                                           ("nano-vllm-zhang-yuhui/prefill.json", [])])
+@pytest.mark.parametrize("rel, evidence", sweep([("nano-vllm-zhang-yuhui/profile_results/decode_gpu_0.json", ["shapes"]),
+                                                 ("nano-vllm-zhang-yuhui/forward_10.json", ["shapes"]),
+                                                 ("nano-vllm-zhang-yuhui/prefill.json", [])], {1, 2}))
 def test_nano_vllm_cut_frame_is_not_a_step(rel, evidence):
     """nano-vllm's LLMEngine.step frame is still open when the profiler stops (it and its
     callees end together at the last python frame end): a piece of a step, not one. The
@@ -345,12 +348,12 @@ def test_nano_vllm_cut_frame_is_not_a_step(rel, evidence):
 # ------------------------------------------------- kernels only: steps from the structure
 
 
-@pytest.mark.parametrize("rel, names", [
+@pytest.mark.parametrize("rel, names", sweep([
     (RESNET18, [f"ProfilerStep#{i}" for i in range(5, 11)]),
     (RESNET19, [f"ProfilerStep#{i}" for i in range(5, 11)]),
     (H100, ["ProfilerStep#6"]),
     (MI300, ["ProfilerStep#6"]),
-])
+], {3}))
 def test_kernels_only_steps_from_structure(rel, names, tmp_path):
     """Every CPU event removed: the steps come from the GPU work alone, spans within 2 % of
     the ProfilerStep ones (the partial step the window cut at its start is left out)."""
@@ -386,7 +389,7 @@ def test_kernels_only_prefill_then_five_decode_steps(tmp_path):
     assert {s["evidence"] for s in r["steps"]} == {"structure"}
 
 
-@pytest.mark.parametrize("factor", [0.01, 10.0])
+@pytest.mark.parametrize("factor", sweep([0.01, 10.0], {1}))
 def test_structure_is_scale_free(factor, tmp_path):
     """The cut level comes from the trace's own gap distribution: the same trace at 1/100 or
     10x the time scale gives the same six steps, spans scaled."""
@@ -398,7 +401,7 @@ def test_structure_is_scale_free(factor, tmp_path):
         assert s["gpu_span_ms"] == pytest.approx(b["gpu_span_ms"] * factor, rel=1e-3)
 
 
-@pytest.mark.parametrize("ratio", [3.0, 6.0])
+@pytest.mark.parametrize("ratio", sweep([3.0, 6.0], {1}))
 def test_structure_does_not_hinge_on_the_break_ratio(ratio, tmp_path, monkeypatch):
     """A natural break of 3x or 6x instead of 4x finds the same steps (the guards reject the
     false cuts a lower ratio proposes) on three traces."""
@@ -453,7 +456,8 @@ def test_alexnet_is_a_vision_forward(variant, tmp_path):
         assert [round(s["gpu_span_ms"], 3) for s in r["steps"]] == [round(x["span_ms"], 3) for x in truth] == [11935.970, 27.192]
 
 
-@pytest.mark.parametrize("variant", ["compiled_block", "compiled_block_profiler_step", "h100_bidirectional"])
+@pytest.mark.parametrize("variant", sweep(["compiled_block", "compiled_block_profiler_step", "h100_bidirectional"], {0, 1},
+                                           ids=["compiled_block", "compiled_block_profiler_step", "h100_bidirectional"]))
 def test_encoder_forward(variant, tmp_path):
     """Bidirectional attention (is_causal False), no KV cache or sampler: an encoder forward;
     the same H100 forward with causal attention stays an LLM prefill (test above)."""

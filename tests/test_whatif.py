@@ -109,6 +109,7 @@ _SCENARIOS = st.sampled_from([W.scenario(["launch"]), W.scenario(["switch", "dep
                               W.scenario(["idle"]), W.scenario([], ["other=3"]), W.scenario(["launch:work"], ["other=inf"])])
 
 
+@pytest.mark.slow  # property loop (30 generated traces); test_fixture_savings and test_off_path_work_saves_nothing are the inner loop's
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(events=_traces(), sc=_SCENARIOS, keep=st.lists(st.floats(0, 1), min_size=8, max_size=8))
 def test_saving_within_zero_and_removed(events, sc, keep, tmp_path):
@@ -121,6 +122,7 @@ def test_saving_within_zero_and_removed(events, sc, keep, tmp_path):
         assert 0 <= ch.saving_ns <= ch.removed_ns
 
 
+@pytest.mark.slow  # property loop (30 generated traces); test_fixture_savings and test_off_path_work_saves_nothing are the inner loop's
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(events=_traces())
 def test_removing_everything_off_the_path_changes_nothing(events, tmp_path):
