@@ -70,6 +70,7 @@ def _wait_text(driver, css: str, text: str):
     WebDriverWait(driver, WAIT_S).until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, css), text))
 
 
+@pytest.mark.slow  # four pages, 8 s; the inner loop's one browser test is test_trace_select_shows_no_symptom_banner
 def test_overview_timeline_roofline(driver, base_url, analyses):
     driver.get(base_url + "/")
     banner = _wait_css(driver, "#overview-banner")
@@ -107,7 +108,6 @@ def test_overview_timeline_roofline(driver, base_url, analyses):
     assert errors == []
 
 
-@pytest.mark.slow  # browser: the inner loop's one browser test is test_overview_timeline_roofline
 def test_trace_select_shows_no_symptom_banner(driver, base_url):
     driver.get(base_url + "/")
     _wait_text(driver, "#overview-banner", "HIGH")
@@ -120,7 +120,7 @@ def test_trace_select_shows_no_symptom_banner(driver, base_url):
     assert _severe(driver) == []
 
 
-@pytest.mark.slow  # browser: the inner loop's one browser test is test_overview_timeline_roofline
+@pytest.mark.slow  # browser: the inner loop's one browser test is test_trace_select_shows_no_symptom_banner
 def test_kv_calculator_updates(driver, base_url):
     driver.get(base_url + "/kv")
     _wait_text(driver, "#kv-per-token", "131,072 B per token")
@@ -132,7 +132,7 @@ def test_kv_calculator_updates(driver, base_url):
     assert _severe(driver) == []
 
 
-@pytest.mark.slow  # browser: the inner loop's one browser test is test_overview_timeline_roofline
+@pytest.mark.slow  # browser: the inner loop's one browser test is test_trace_select_shows_no_symptom_banner
 def test_html_report_opens_offline(driver, analyses, tmp_path):
     vllm = analyses[0]
     out = write_html(vllm, tmp_path / "report.html")
@@ -177,7 +177,7 @@ def _legend(driver, legend_id: str) -> list[tuple[str, str, str]]:
 VLLM_LEGEND = [("dependency", "dependency: queued behind a dependency"), ("switch", "switch: kernel switch")]
 
 
-@pytest.mark.slow  # browser: the inner loop's one browser test is test_overview_timeline_roofline
+@pytest.mark.slow  # browser: the inner loop's one browser test is test_trace_select_shows_no_symptom_banner
 def test_one_time_origin_on_the_overview_and_the_timeline(driver, base_url, analyses):
     """The overview's longest-gaps table and the timeline count from the same origin (the trace
     start, as the JSON's start_ms and --window), labelled on both: the table's longest gap
@@ -222,7 +222,7 @@ def test_one_time_origin_on_the_overview_and_the_timeline(driver, base_url, anal
     assert _severe(driver) == []
 
 
-@pytest.mark.slow  # browser: the inner loop's one browser test is test_overview_timeline_roofline
+@pytest.mark.slow  # browser: the inner loop's one browser test is test_trace_select_shows_no_symptom_banner
 def test_timeline_highlights_the_critical_path(driver, base_url, analyses):
     """The timeline's critical-path lane highlights exactly the segments the JSON report lists
     for the step (``steps[].critical_path.segments``), at the same times."""

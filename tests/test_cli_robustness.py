@@ -13,14 +13,18 @@ from click.testing import CliRunner
 
 from conftest import PRINT_PEAK_RSS_BYTES
 from diagnose.cli import main
-from test_robustness2 import merged_ranks  # noqa: F401  (fixture)
+import test_robustness2
+
+
+#: the merged-ranks trace fixture of test_robustness2, shared
+merged_ranks = test_robustness2.merged_ranks
 
 
 def run(*args: str):
     return CliRunner().invoke(main, list(args))
 
 
-def test_run_on_merged_ranks_reports_rank_by_rank(merged_ranks):  # noqa: F811
+def test_run_on_merged_ranks_reports_rank_by_rank(merged_ranks):
     merged, p0, p1 = merged_ranks
     r = run("run", "--trace", str(merged), "--format", "json")
     assert r.exit_code == 0, r.output

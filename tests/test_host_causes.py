@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import shared_trace
+from conftest import shared_trace, sweep
 from hostfix import (
     HostTrace,
     drop_python,
@@ -472,10 +472,10 @@ def _raw_gaps_ns(path) -> np.ndarray:
     return d[d >= 10]
 
 
-@pytest.mark.parametrize("rel, n_gaps, longest_ms", [
+@pytest.mark.parametrize("rel, n_gaps, longest_ms", sweep([
     ("tracelens/mi300/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", 58, None),
     ("tracelens/sglang_prefilldecode/sglang_Qwen3-8B_prefilldecode.json.gz", 18, 493.283729),
-])
+], {0}))
 def test_one_row_per_gap_the_longest_is_the_raw_interval(rel, n_gaps, longest_ms):
     path = shared_trace(rel)
     raw = _raw_gaps_ns(path)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import KinetoBuilder, shared_trace
+from conftest import KinetoBuilder, shared_trace, sweep
 from diagnose.cli import main
 from diagnose.findings import flatten, labels
 from diagnose.pipeline import attach_verdicts, run_analysis
@@ -80,10 +80,10 @@ def _attn_ms(r) -> float:
 # ---------------------------------------------------------------- module frames (with_modules)
 
 
-@pytest.mark.parametrize("rel,top_ms,layer0", [
+@pytest.mark.parametrize("rel,top_ms,layer0", sweep([
     (H100, 31.7601, (0.6483, 0.3353)),
     (MI300, 29.7432, (0.5519, 0.4088)),
-])
+], {0}))
 def test_hf_qwen_forward_from_module_frames(rel, top_ms, layer0):
     path = shared_trace(rel)
     raw = _raw_module_layers(path, "Qwen2Model_0", "Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP")

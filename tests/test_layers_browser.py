@@ -61,7 +61,7 @@ def _click_cell(driver, strip, layer: str, op_class: str) -> None:
     ActionChains(driver).move_to_element_with_offset(drag, int(dx), int(dy)).click().perform()
 
 
-@pytest.mark.slow  # browser (test_app_browser::test_overview_timeline_roofline is the inner loop's); test_layers checks the strip's HTML
+@pytest.mark.slow  # browser (test_app_browser::test_trace_select_shows_no_symptom_banner is the inner loop's); test_layers checks the strip's HTML
 def test_html_strip_click_highlights_the_cells_kernels(driver, analysis, tmp_path):
     out = write_html(analysis, tmp_path / "report.html")
     driver.get(out.as_uri())
@@ -83,7 +83,7 @@ def base_url(analysis):
         yield url
 
 
-@pytest.mark.slow  # browser (test_app_browser::test_overview_timeline_roofline is the inner loop's); test_layers checks the strip's HTML
+@pytest.mark.slow  # browser (test_app_browser::test_trace_select_shows_no_symptom_banner is the inner loop's); test_layers checks the strip's HTML
 def test_web_strip_click_zooms_the_timeline_to_the_cells_kernels(driver, base_url):
     driver.get(base_url + "/timeline")
     wait = WebDriverWait(driver, WAIT_S)

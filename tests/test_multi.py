@@ -223,6 +223,7 @@ def test_bad_executor_and_missing_dask(monkeypatch, kineto, tmp_path):
 # ---------------------------------------------------------------- executors agree (real traces)
 
 
+@pytest.mark.slow  # analyses 8 real traces twice; the synthetic fleets above are the inner loop's
 def test_serial_fleet_on_real_traces(fleet_dir, serial_result):
     res = serial_result
     assert analyze_many(str(fleet_dir), executor="serial")["reports"] == res["reports"]  # a directory works too

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from conftest import PRINT_PEAK_RSS_BYTES, shared_trace
+from conftest import PRINT_PEAK_RSS_BYTES, shared_trace, sweep
 from diagnose.cli import main
 from diagnose.errors import TraceFormatError
 from diagnose.pipeline import run_analysis
@@ -70,11 +70,11 @@ CUDA_PHASES = [("all", 0, 1, 0.433297, 0.946215, 0.115038, 2.13884, 17),
                ("decode", 0, 1, 0.433297, 0.946215, 0.115038, 2.13884, 17)]
 
 
-@pytest.mark.parametrize("runtime_cat, driver_cat", [
+@pytest.mark.parametrize("runtime_cat, driver_cat", sweep([
     ("xpu_runtime", "xpu_driver"),
     ("privateuse1_runtime", "privateuse1_driver"),
     ("mtia_runtime", "mtia_runtime"),
-])
+], {0}))
 def test_backend_runtime_categories_link_like_cuda(tmp_path, runtime_cat, driver_cat):
     doc = _decode_doc()
     original = run_analysis(str(shared_trace(DECODE)))
