@@ -1,6 +1,8 @@
 """Shared fixtures: path to the real trace corpus and a builder for inline Kineto traces."""
 from __future__ import annotations
 
+import copy
+import functools
 import gzip
 import json
 from pathlib import Path
@@ -34,6 +36,26 @@ def shared_trace(rel: str) -> Path:
     if not p.exists():
         pytest.skip(f"shared trace corpus not available: {p}")
     return p
+
+
+@functools.cache
+def _report_once(path: str, opts: tuple) -> dict:
+    from diagnose.options import AnalysisOptions
+    from diagnose.pipeline import diagnose_trace
+
+    return diagnose_trace(path, AnalysisOptions(**dict(opts))).to_dict()
+
+
+def shared_report(path, **opts) -> dict:
+    """The JSON report (verdicts by the packaged rules, default thresholds) of ``path`` with
+    these analysis options: ``diagnose_trace(path, AnalysisOptions(**opts)).to_dict()``. A
+    corpus trace or a shipped sample (files no test writes) is analysed once per test session,
+    whichever test file asks first; each call returns a fresh deep copy. Other paths are
+    analysed on each call."""
+    p = Path(path).resolve()
+    if not (p.is_relative_to(SHARED_TRACES.resolve()) or p.is_relative_to((ROOT / "samples").resolve())):
+        return _report_once.__wrapped__(str(path), tuple(sorted(opts.items())))
+    return copy.deepcopy(_report_once(str(path), tuple(sorted(opts.items()))))
 
 
 def sweep(argvalues, keep, ids=None) -> list:

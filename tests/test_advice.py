@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import ROOT, KinetoBuilder, shared_trace, sweep
+from conftest import ROOT, KinetoBuilder, shared_report, shared_trace, sweep
 from diagnose.cli import main
-from diagnose.options import AnalysisOptions as Options
 from diagnose.pipeline import diagnose_trace
 
 SGLANG = "tracelens/sglang_decode/sglang_Qwen3-8B_decode.json.gz"
@@ -39,7 +38,7 @@ def _events(rel: str | Path) -> list[dict]:
 
 
 def _report(path, **opts) -> dict:
-    return diagnose_trace(str(path), Options(**opts)).to_dict()
+    return shared_report(path, **opts)
 
 
 def _phase(d: dict, name: str) -> dict:
@@ -210,7 +209,7 @@ def test_b200_tp8_prefill_moe_flops_from_shapes_is_not_a_fragment():
 # ----------------------------------------------------------------------------- fragments
 
 
-@pytest.mark.parametrize("trace", ["nano-vllm-zhang-yuhui/profile_results/decode_gpu_0.json", "nano-vllm-zhang-yuhui/forward_10.json"])
+@pytest.mark.parametrize("trace", sweep(["nano-vllm-zhang-yuhui/profile_results/decode_gpu_0.json", "nano-vllm-zhang-yuhui/forward_10.json"], {1}))
 def test_nano_vllm_fragment_with_and_without_a_config(trace):
     """expert_readings §6-7: a fragment of a forward (4 of 113 linears; the attention path
     only) with or without the Qwen3-0.6B config: the same fragment flag, no TPOT, no S7, no

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import shared_trace, sweep
+from conftest import shared_report, shared_trace, sweep
 from hostfix import (
     HostTrace,
     drop_python,
@@ -25,21 +25,14 @@ from hostfix import (
 )
 
 from diagnose.analyzers import analyze
-from diagnose.engine import load_ruleset
-from diagnose.options import AnalysisOptions
-from diagnose.pipeline import diagnose_trace
 from diagnose.trace.load import load_trace
 
 FLOAT = {"abs": 1e-6}
-_RULES = None
 
 
 def _run(path) -> dict:
-    """The JSON report (with verdicts) of a trace file."""
-    global _RULES
-    if _RULES is None:
-        _RULES = load_ruleset()
-    return diagnose_trace(str(path), AnalysisOptions(), _RULES).to_dict()
+    """The JSON report (with verdicts, the packaged rules) of a trace file."""
+    return shared_report(path)
 
 
 def _phase(r: dict, name: str = "decode") -> dict:

@@ -15,7 +15,7 @@ import tarfile
 
 import pytest
 from click.testing import CliRunner
-from conftest import shared_trace, sweep
+from conftest import shared_report, shared_trace, sweep
 
 import trace_variants as tv
 from diagnose.analyzers import structure
@@ -87,7 +87,7 @@ def analyse(path, **opts) -> dict:
 
 @functools.cache
 def analyse_shared(rel: str) -> dict:
-    return analyse(shared_trace(rel))
+    return shared_report(shared_trace(rel))
 
 
 def codes(r: dict) -> set[str]:

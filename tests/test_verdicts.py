@@ -18,7 +18,7 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from conftest import shared_trace, sweep
+from conftest import shared_report, shared_trace, sweep
 
 from diagnose.cli import main
 from diagnose.options import AnalysisOptions
@@ -49,7 +49,7 @@ RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
 @functools.cache
 def _report(rel: str, **opts) -> dict:
     """The JSON report (with verdicts) of a shared trace; cached: do not mutate."""
-    return diagnose_trace(str(shared_trace(rel)), AnalysisOptions(**opts)).to_dict()
+    return shared_report(shared_trace(rel), **opts)
 
 
 def report(rel: str, **opts) -> dict:
@@ -332,7 +332,7 @@ def test_sglang_kernel_table_gate_up_gemm_throughput():
 # --------------------------------------------------------------------------- §4-5 HF forwards
 
 
-@pytest.mark.parametrize("rel, expect_ms, own_extra_ms", [
+@pytest.mark.parametrize("rel, expect_ms, own_extra_ms", sweep([
     # H100: 0.290943 ms from step #5's last kernel to step #6's first: step #6's
     # cudaDeviceSynchronize returns 7.8 us after it, then its host dispatches the forward down to
     # the embedding launch (host_blocked: serialized by the sync; internal)
@@ -340,7 +340,7 @@ def test_sglang_kernel_table_gate_up_gemm_throughput():
     # MI300X: 0.624035 ms of dispatch (in nn.Module: Qwen2Model_0) before the first kernel, less
     # 0.057212 ms of first launches inside the span (one-time setup: not the step's own cost)
     (MI300, 33.13, 0.624035 - 0.057212),
-])
+], {0}))
 def test_hf_forward_ttft_is_step6_gpu_span(rel, expect_ms, own_extra_ms):
     r = report(rel)
     raw = _raw_step(rel, r"^ProfilerStep#6$")
