@@ -39,7 +39,7 @@ from functools import lru_cache
 import numpy as np
 
 from diagnose.analyzers.nesting import sorted_unique
-from diagnose.trace.model import per_unique
+from diagnose.trace.model import factorize, per_unique
 
 #: Python frames of libraries and the interpreter: never "where the time went" in the user's
 #: program (research on nano-vllm and HF traces: torch, triton, built-ins, typing...).
@@ -146,13 +146,17 @@ def _layers(graph, tid: int) -> list[tuple[str, np.ndarray, np.ndarray]]:
     def add(frame, what: str, any_thread: bool = False) -> None:
         if frame is None or not len(frame):
             return
-        sub = frame[frame["tid"].to_numpy() == tid] if "tid" in frame and not any_thread else frame
-        if not len(sub):
+        codes, uniq = factorize(frame["name"])  # a categorical's own codes: no string per row
+        cause_u = np.array([host_cause(str(u), what) for u in uniq], dtype=object)
+        s, e = frame["start_ns"].to_numpy(dtype=np.int64), frame["end_ns"].to_numpy(dtype=np.int64)
+        if "tid" in frame and not any_thread:
+            mine = frame["tid"].to_numpy() == tid
+            codes, s, e = codes[mine], s[mine], e[mine]
+        if not len(codes):
             return
-        cause = per_unique(sub["name"], lambda u: host_cause(str(u), what), dtype=object)
-        s, e = sub["start_ns"].to_numpy(dtype=np.int64), sub["end_ns"].to_numpy(dtype=np.int64)
-        for c in dict.fromkeys(x for x in cause if x is not None):
-            m = cause == c
+        used = np.bincount(codes, minlength=len(uniq)) > 0
+        for c in dict.fromkeys(x for x in cause_u[used] if x is not None):  # one layer per cause
+            m = (cause_u == c)[codes]
             out.append((c, *_merge(s[m], e[m])))
 
     add(getattr(tr, "overhead", None), "overhead", any_thread=True)  # the profiler's, on no host thread
