@@ -149,8 +149,9 @@ def _removal(g: D.DepGraph, sc: Scenario) -> _Removal:
     for cat, f in sc.speedup:
         m = g.category_id == CATEGORIES.index(cat)
         keep[m] = np.minimum(keep[m], 0.0 if math.isinf(f) else 1.0 / f)
-    for i, f in sc.ops:
-        keep[i] = min(keep[i], f)
+    if sc.ops:  # per-activity scales (a roofline what-if: one per kernel)
+        idx, f = zip(*sc.ops)
+        np.minimum.at(keep, np.asarray(idx, dtype=np.int64), np.asarray(f, dtype=np.float64))
     # a faster interconnect shortens a collective's transfer, not its wait for peers
     wait = g.cache.get("collective_wait_ns")
     wait = np.zeros(g.n, dtype=np.int64) if wait is None else np.minimum(wait, dur)
