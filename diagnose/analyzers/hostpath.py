@@ -469,13 +469,17 @@ class _Nesting:
 
     def _innermost(self, t: np.ndarray) -> np.ndarray:
         """Index of the innermost event open at each instant (-1 none): the last one started
-        at or before it that has not ended (the one a walk up the parents from the last
-        started reaches: every event it skips ended before the instant)."""
-        from diagnose.analyzers.nesting import last_above
-
+        at or before it, then up its parents until one has not ended (a step per level; most
+        instants need none)."""
         if len(self.s) == 0:
             return np.full(len(t), -1, dtype=np.int64)
-        return last_above(self.e, np.searchsorted(self.s, t, side="right"), t, strict=True)
+        k = np.searchsorted(self.s, t, side="right") - 1
+        bad = np.flatnonzero((k >= 0) & (self.e[np.maximum(k, 0)] <= t))
+        while len(bad):
+            k[bad] = self.parent[k[bad]]
+            kb = k[bad]
+            bad = bad[(kb >= 0) & (self.e[np.maximum(kb, 0)] <= t[bad])]
+        return k
 
     def _activities(self) -> np.ndarray:
         """Per event, its activity (index into :data:`ACTIVITIES`) when innermost."""

@@ -129,7 +129,9 @@ def _search(v: np.ndarray, q: np.ndarray, pos: np.ndarray) -> np.ndarray:
     levels = max(1, n.bit_length())
     pv = np.zeros(1 << levels, dtype=np.int64)
     pv[:n] = xv
-    pend = np.arange(len(pos), dtype=np.int64)  # queries not answered yet, in position order
+    near = xv[pos - 1] > xq  # most answers are the element just before
+    out[near] = pos[near] - 1
+    pend = np.flatnonzero(~near)  # queries not answered yet, in position order
     for k in range(levels):
         if not len(pend):
             break
