@@ -118,9 +118,13 @@ class Path:
 
     def hta_comparable_ns(self) -> int:
         """Length with HTA 0.6.1's zero-weight parts left out (module docstring)."""
-        w = np.isin(self.kind, [K_DEP, K_RET], invert=True)
+        w = (self.kind != K_DEP) & (self.kind != K_RET)
         host = self.kind == K_HOST
-        w &= ~host | np.isin(self.activity, list(HTA_WEIGHTED))
+        if self.hkey is not None and self.hkeys:  # the host pieces' activities, by code
+            weighted = np.array([a in HTA_WEIGHTED for _f, _c, a in self.hkeys] + [False], dtype=bool)
+            w &= ~host | weighted[self.hkey]  # -1 (not host time): the appended False
+        else:
+            w &= ~host | pd.Series(self.activity, dtype=object).isin(HTA_WEIGHTED).to_numpy()
         return int(self.dur[w].sum())
 
 
