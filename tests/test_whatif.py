@@ -210,10 +210,12 @@ def test_fast_walk_gives_the_reference_walks_shifts(rel, monkeypatch):
            + [W.scenario((c,), ()) for c in (*path_causes(), "idle", "launch", "host_blocked", "dependency", "switch", "graph")]
            + [W.scenario(("launch", "host_blocked"), ("gemm=2",)), W.scenario(("host_compute",), ("attention=inf",))])
     saved = 0
+    from whatif_reference import walk_reference
+
     for sc in scs:
-        monkeypatch.setattr(W, "FAST_WALK", True)
+        monkeypatch.setattr(W, "REFERENCE_WALK", None)
         fast = W.step_changes(paths, sc)
-        monkeypatch.setattr(W, "FAST_WALK", False)
+        monkeypatch.setattr(W, "REFERENCE_WALK", walk_reference)
         assert fast == W.step_changes(paths, sc), sc.label
         saved += sum(c.saving_ns > 0 for c in fast)
     assert saved > 0  # the scenarios change something on this trace

@@ -44,9 +44,10 @@ WAIT_CAUSES = ("launch", "switch", "graph", "dependency", "host_blocked", "colle
 REMOVABLE = tuple(c for c in GAP_CAUSES if c in WAIT_CAUSES or c in path_causes()) + ("idle",)
 #: What ``idle`` removes: the internal causes of idle time (not collective_wait: busy GPU time).
 INTERNAL = tuple(c for c in REMOVABLE if c not in ("idle", "collective_wait") and c not in EXTERNAL_CAUSES)
-#: Re-time with :func:`_walk_fast` (False: with :func:`_walk`, the event-by-event reference the
-#: tests compare it with).
-FAST_WALK = True
+#: When set (tests only): the event-by-event walk to re-time with instead of
+#: :func:`_walk_fast`, called as ``REFERENCE_WALK(order, typ, ref, d_op, d_cs, d_ce, op_args,
+#: cs_args, ce_args, floor)`` with lists (``tests/whatif_reference.py``).
+REFERENCE_WALK = None
 _CALL_END, _CALL_START, _OP_START = 0, 1, 2  # order of simultaneous events: what each depends on first
 
 
@@ -343,10 +344,10 @@ def retime(g: D.DepGraph, start_ns: int, end_ns: int, members: np.ndarray, remov
     d_op = [0] * len(ops)  # activity -> how much earlier it ends (0 until walked)
     d_cs = [0] * len(calls)  # call -> how much earlier it starts
     d_ce = [0] * len(calls)  # call -> how much earlier it returns
-    if FAST_WALK:
+    if REFERENCE_WALK is None:
         _walk_fast(order, typ, ref, len(ops), d_op, d_ce, op_args, cs_args, ce_args, start_ns)
     else:
-        _walk(order.tolist(), typ.tolist(), ref.tolist(), d_op, d_cs, d_ce, op_args, cs_args, ce_args, start_ns)
+        REFERENCE_WALK(order.tolist(), typ.tolist(), ref.tolist(), d_op, d_cs, d_ce, op_args, cs_args, ce_args, start_ns)
     m = members - o_lo
     inside = (m >= 0) & (m < len(ops))
     shift = np.zeros(len(members), dtype=np.int64)
@@ -366,7 +367,7 @@ def _in(idx: np.ndarray, lo_hi: tuple[int, int]) -> np.ndarray:
 
 def _op_terms(g: D.DepGraph, ch: _Chains, ops: np.ndarray, lag: np.ndarray, removal: _Removal, floor: int,
               o_win: tuple[int, int], c_win: tuple[int, int]) -> tuple[list, ...]:
-    """Per activity of the window, what its shift reads (:func:`_walk`): whether it binds,
+    """Per activity of the window, what its shift reads (:func:`_walk_fast`): whether it binds,
     its start, removed duration, and per predecessor (stream, cross-stream, launch call) the
     time it allowed with the activity's lag added when it binds (:data:`_NONE`: none) and its
     window position (-1: its shift is 0)."""
@@ -431,57 +432,20 @@ def _call_end_terms(g: D.DepGraph, ch: _Chains, calls: np.ndarray, removal: _Rem
             np.where(blocked, _in(r, o_win), -1).tolist())
 
 
-def _walk(order, typ, ref, d_op, d_cs, d_ce, op_args, cs_args, ce_args, floor: int) -> None:
-    """The shifts of every event of a window, in ``order`` (:func:`retime`): an activity starts
+def _walk_fast(order, typ, ref, n_ops: int, d_op, d_ce, op_args, cs_args, ce_args, floor: int) -> None:
+    """The shifts of every event of a window in ``order`` (:func:`retime`): an activity starts
     at the latest of what it waited for (the binding one plus its lag), within [floor, its
     start]; a call starts after the previous call of its thread plus the host time kept
     between them; a blocking call returns at the later of its start and its GPU work's end
-    plus its return latency."""
-    binds, o_s, o_rem, t_p, w_p, t_w, w_w, t_l, w_l = op_args
-    cs_kind, cs_prev, cs_add = cs_args
-    blocked, plain, c_s, c_e, c_gend, c_ret, c_rel = ce_args
-    for k in order:
-        ty, i = typ[k], ref[k]
-        if ty == _OP_START:
-            if not binds[i]:
-                d_op[i] = o_rem[i]
-                continue
-            j = w_p[i]
-            new = t_p[i] - (d_op[j] if j >= 0 else 0)
-            j = w_w[i]
-            x = t_w[i] - (d_op[j] if j >= 0 else 0)
-            if x > new:
-                new = x
-            j = w_l[i]
-            x = t_l[i] - (d_cs[j] if j >= 0 else 0)
-            if x > new:
-                new = x
-            s = o_s[i]
-            if new < floor:
-                new = floor
-            d_op[i] = (s - new if new < s else 0) + o_rem[i]
-        elif ty == _CALL_START:
-            kd, j = cs_kind[i], cs_prev[i]
-            base = 0 if kd == 0 or j < 0 else (d_ce[j] if kd == 1 else d_cs[j])
-            d_cs[i] = base + cs_add[i]
-        elif not blocked[i]:
-            d_ce[i] = d_cs[i] + plain[i]
-        else:
-            j = c_rel[i]
-            ge = c_gend[i] - (d_op[j] if j >= 0 else 0)
-            ns = c_s[i] - d_cs[i]
-            d_ce[i] = c_e[i] - ((ns if ns > ge else ge) + c_ret[i])
-
-
-def _walk_fast(order, typ, ref, n_ops: int, d_op, d_ce, op_args, cs_args, ce_args, floor: int) -> None:
-    """The shifts :func:`_walk` gives, walking only the activities and the blocking calls'
-    returns. A call's start shift is a sum along its thread's chain of calls (each call in
-    :func:`_walk` adds its host time removed, and a call that did not block returns with its
+    plus its return latency. Only the activities and the blocking calls' returns are walked
+    (the event-by-event walk, ``tests/whatif_reference.py``, gives the same shifts): a call's
+    start shift is a sum along its thread's chain of calls (each call in
+    that walk adds its host time removed, and a call that did not block returns with its
     start's shift plus the host time removed in it) from the chain's last source: where the
     chain starts (in the window, or after a call starting before the floor: 0) or resumes
     after a blocking call (that call's return shift). Sources and sums come from numpy
     (:func:`~diagnose.analyzers.nesting.sum_to_marked`); in the walk, each read is of what
-    :func:`_walk` would have read then (0 for an event not walked yet): a Python step per
+    that walk would have read then (0 for an event not walked yet): a Python step per
     activity and blocking call instead of three per call."""
     from diagnose.analyzers.nesting import sum_to_marked
 
