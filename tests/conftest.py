@@ -151,6 +151,19 @@ def kineto():
     return KinetoBuilder
 
 
+#: Tests of 0.25 s or more, left out of the inner loop (tests/inner_loop_heavy.txt).
+HEAVY = frozenset(line.strip() for line in (Path(__file__).parent / "inner_loop_heavy.txt").read_text().splitlines()
+                  if line.strip() and not line.startswith("#"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark the heavy tests slow before ``-m`` selects (their ids: tests/inner_loop_heavy.txt)."""
+    for item in items:
+        if item.nodeid in HEAVY:
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="Rewrite tests/golden/*.json from the current reports (review the diff).")

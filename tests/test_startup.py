@@ -72,3 +72,16 @@ def test_run_imports_no_web_stack(tmp_path):
     assert "pandas" in mods and "diagnose.analyzers" in mods  # the probe ran the analysis
     assert [m for m in mods if m.split(".")[0] in ("plotly", "dash", "jinja2")] == []
     assert [m for m in mods if m.startswith(("rich.table", "diagnose.report.terminal"))] == []
+
+
+@pytest.mark.slow  # collects the whole suite once
+def test_every_heavy_test_id_is_collected():
+    """tests/inner_loop_heavy.txt names tests that exist (a renamed test would silently come
+    back into the inner loop)."""
+    from conftest import HEAVY, ROOT
+
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600).stdout
+    collected = {line.strip() for line in out.splitlines() if "::" in line}
+    assert sorted(HEAVY - collected) == []
+    assert len(HEAVY) == 152
