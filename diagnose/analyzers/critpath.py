@@ -62,6 +62,8 @@ class Path:
             index of the GPU activity of the segment (-1 none).
         start_ns, end_ns: where the path starts and ends; reason: one of PATH_STARTS;
         anchor_ns: the step's anchor (the window start without steps).
+        hkey, hkeys: per segment, the index of its host piece's (frame, cause, activity) in
+            ``hkeys`` (-1 off the host).
     """
 
     t0: np.ndarray
@@ -76,8 +78,8 @@ class Path:
     end_ns: int
     reason: str
     anchor_ns: int
-    hkey: np.ndarray | None = None  # per segment, a code into ``hkeys`` (-1: not host time)
-    hkeys: list | None = None  # the (frame, cause, activity) triples of host pieces
+    hkey: np.ndarray  # per segment, a code into ``hkeys`` (-1: not host time)
+    hkeys: list  # the (frame, cause, activity) triples of host pieces
 
     @property
     def dur(self) -> np.ndarray:
@@ -97,17 +99,13 @@ class Path:
         m = self.kind == K_HOST
         if not m.any():
             return {}
-        if self.hkey is not None:  # the codes the host pieces carry: sums in order of first appearance
-            c, d = self.hkey[m], self.dur[m]
-            o = np.argsort(c, kind="stable")
-            cs = c[o]
-            starts = np.flatnonzero(np.concatenate(([True], cs[1:] != cs[:-1])))
-            sums = np.add.reduceat(d[o], starts)
-            firsts = o[starts]
-            return {self.hkeys[int(cs[starts[i]])]: int(sums[i]) for i in np.argsort(firsts, kind="stable").tolist()}
-        frame = self.frame[m]
-        frame = np.where(pd.isna(frame), "", frame).astype(object)
-        return _sum_by(self.dur[m], frame, self.cause[m], self.activity[m])
+        c, d = self.hkey[m], self.dur[m]  # sums per code, in order of first appearance
+        o = np.argsort(c, kind="stable")
+        cs = c[o]
+        starts = np.flatnonzero(np.concatenate(([True], cs[1:] != cs[:-1])))
+        sums = np.add.reduceat(d[o], starts)
+        firsts = o[starts]
+        return {self.hkeys[int(cs[starts[i]])]: int(sums[i]) for i in np.argsort(firsts, kind="stable").tolist()}
 
     def host_ns_by_cause(self) -> dict[str, int]:
         """Host time (ns) by cause, causes in order of first appearance."""
@@ -120,11 +118,8 @@ class Path:
         """Length with HTA 0.6.1's zero-weight parts left out (module docstring)."""
         w = (self.kind != K_DEP) & (self.kind != K_RET)
         host = self.kind == K_HOST
-        if self.hkey is not None and self.hkeys:  # the host pieces' activities, by code
-            weighted = np.array([a in HTA_WEIGHTED for _f, _c, a in self.hkeys] + [False], dtype=bool)
-            w &= ~host | weighted[self.hkey]  # -1 (not host time): the appended False
-        else:
-            w &= ~host | pd.Series(self.activity, dtype=object).isin(HTA_WEIGHTED).to_numpy()
+        weighted = np.array([a in HTA_WEIGHTED for _f, _c, a in self.hkeys] + [False], dtype=bool)
+        w &= ~host | weighted[self.hkey]  # the host pieces' activities by code; -1: the appended False
         return int(self.dur[w].sum())
 
 
@@ -139,34 +134,6 @@ class Paths:
 
     def all(self) -> list[Path]:
         return list(self.steps.values()) + ([self.window] if self.window is not None else [])
-
-
-def _sum_by(w: np.ndarray, *keys: np.ndarray) -> dict:
-    """Sum of int64 ``w`` per distinct key (one array: the value; several: the tuple), keys
-    in order of first appearance (as a dict filled row by row would hold them)."""
-    if len(w) == 0:
-        return {}
-    code = np.zeros(len(w), dtype=np.int64)
-    uniqs, sizes = [], []
-    for k in keys:
-        c, u = pd.factorize(k)
-        if len(c) and c.min() < 0:  # a missing value: its own key (None)
-            c = np.where(c < 0, len(u), c)
-            u = np.append(np.asarray(u, dtype=object), None)
-        code = code * max(len(u), 1) + c  # mixed radix: one int per key tuple
-        uniqs.append(u)
-        sizes.append(max(len(u), 1))
-    code, first = pd.factorize(code)  # order of first appearance
-    tot = np.zeros(len(first), dtype=np.int64)
-    np.add.at(tot, code, np.asarray(w, dtype=np.int64))
-    out = {}
-    for i, x in enumerate(first.tolist()):
-        parts = []
-        for u, size in zip(reversed(uniqs), reversed(sizes)):
-            x, c = divmod(x, size)
-            parts.append(u[c])
-        out[parts[0] if len(keys) == 1 else tuple(reversed(parts))] = int(tot[i])
-    return out
 
 
 # ---------------------------------------------------------------- the walk
@@ -377,7 +344,7 @@ def _assemble(g: D.DepGraph, raw: list) -> list[Path]:
 
 
 def _described(g: D.DepGraph, t0, t1, kind, ref, pieces, base: int, start: int, end: int, reason: str, anchor: int,
-               pkey: np.ndarray | None = None, ptable: list | None = None) -> Path:
+               pkey: np.ndarray, ptable: list) -> Path:
     """A :class:`Path` from raw segments: names and causes; host segments cut into pieces
     (``pkey``, ``ptable``: the pieces' (frame, cause, activity) codes and triples, carried)."""
     n = len(t0)
@@ -410,7 +377,7 @@ def _described(g: D.DepGraph, t0, t1, kind, ref, pieces, base: int, start: int, 
     frame = np.full(n, None, dtype=object)
     host = np.flatnonzero(kind == K_HOST)
     if len(host) == 0:
-        return Path(t0, t1, kind, cause, act, name, frame, op, start, end, reason, anchor)
+        return Path(t0, t1, kind, cause, act, name, frame, op, start, end, reason, anchor, np.full(n, -1, dtype=np.int64), [])
     # host segments: replaced by their pieces
     keep = np.ones(n, dtype=bool)
     keep[host] = False
@@ -421,11 +388,10 @@ def _described(g: D.DepGraph, t0, t1, kind, ref, pieces, base: int, start: int, 
         k = len(seg)
         parts.append((h0, h1, np.full(k, K_HOST, dtype=np.int8), pieces.cause[row], pieces.activity[row],
                       pieces.name[row], pieces.frame[row], np.full(k, -1, dtype=np.int64),
-                      pkey[row] if pkey is not None else np.full(k, -1, dtype=np.int64)))
+                      pkey[row]))
     cols = [np.concatenate([p[i] for p in parts]) for i in range(9)]
     o = np.argsort(cols[0], kind="stable")
-    return Path(*(c[o] for c in cols[:8]), start, end, reason, anchor,
-                cols[8][o] if pkey is not None else None, ptable)
+    return Path(*(c[o] for c in cols[:8]), start, end, reason, anchor, cols[8][o], ptable)
 
 
 # ---------------------------------------------------------------- report records
