@@ -66,6 +66,39 @@ def _internal(e: BaseException) -> None:
     sys.exit(3)
 
 
+class _PandasWithoutArrow:
+    """A ``sys.meta_path`` finder that reports pyarrow absent while pandas itself is being
+    imported, so a command's ``import pandas`` does not load pyarrow and ``pyarrow.compute``.
+
+    pandas 3 imports both eagerly when pyarrow is installed (``adbc-driver-sqlite``, the nsys
+    reader, requires it): about 0.15-0.2 s of the 0.5-0.9 s ``import pandas`` takes on a 2-core
+    machine (``python -X importtime``; ``benchmarks/bench_startup.py``), most of a small trace's
+    run. diagnose's analyses use numpy-backed columns and give the same reports either way (the
+    library, imported next to a pandas that loaded pyarrow, runs the same code); pandas' own
+    ``str`` columns use its Python storage then. Once pandas is imported, pyarrow imports
+    normally (the nsys reader reads Arrow tables through it). Installed by the command line's
+    entry point only: a program that imports diagnose as a library keeps its pandas as it is.
+    """
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "pyarrow":
+            pd = sys.modules.get("pandas")
+            if pd is not None and getattr(getattr(pd, "__spec__", None), "_initializing", False):
+                raise ModuleNotFoundError("pyarrow is not loaded while pandas imports (diagnose's command line)",
+                                          name="pyarrow")
+        return None
+
+
+def import_pandas_lean() -> None:
+    """Install :class:`_PandasWithoutArrow` before pandas or pyarrow is imported (idempotent;
+    nothing to do once either is)."""
+    if "pandas" in sys.modules or "pyarrow" in sys.modules:
+        return
+    if not any(f is _PandasWithoutArrow for f in sys.meta_path):
+        sys.meta_path.insert(0, _PandasWithoutArrow)  # type: ignore[arg-type]
+
+
 class OneLineGroup(click.Group):
     """A click group whose usage errors (unknown option, bad value, missing argument) print one
     ``error: ...`` line and exit 2, instead of click's usage banner."""
@@ -73,6 +106,7 @@ class OneLineGroup(click.Group):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        import_pandas_lean()
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.UsageError as e:

@@ -72,6 +72,39 @@ def test_run_imports_no_web_stack(tmp_path):
     assert "pandas" in mods and "diagnose.analyzers" in mods  # the probe ran the analysis
     assert [m for m in mods if m.split(".")[0] in ("plotly", "dash", "jinja2")] == []
     assert [m for m in mods if m.startswith(("rich.table", "diagnose.report.terminal"))] == []
+    assert "pyarrow" not in mods  # pandas is imported without it (cliutil._PandasWithoutArrow)
+
+
+def _subprocess_report(args: list[str]) -> tuple[str, list[str]]:
+    """(stdout, modules loaded) of ``diagnose ARGS`` in a fresh interpreter."""
+    code = ("import json, sys\n"
+            "from diagnose.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "sys.stderr.write('\\n' + json.dumps(sorted(sys.modules)))\n")
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+    return out.stdout, json.loads(out.stderr.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("rel", ["samples/tracelens/torch_compile_prefill_mi300x.json.gz",
+                                 "../shared/traces/nvfuser/ee4fcf3/report1.sqlite"])
+def test_command_line_report_equals_the_library_report(rel):
+    """The command line imports pandas without pyarrow; a test process (like a notebook) has
+    pandas with pyarrow-backed strings. The JSON report is the same byte for byte, and the
+    nsys reader still reads Arrow tables through pyarrow, imported after pandas."""
+    from conftest import ROOT
+
+    path = ROOT / rel
+    if not path.exists():
+        pytest.skip(f"{rel} absent")
+    import pyarrow  # noqa: F401  (the library side: pandas as a user's process has it)
+
+    lib = CliRunner().invoke(main, ["run", "--trace", str(path), "--format", "json"])
+    assert lib.exit_code == 0, lib.output
+    text, mods = _subprocess_report(["run", "--trace", str(path), "--format", "json"])
+    assert text == lib.output
+    assert ("pyarrow" in mods) == rel.endswith(".sqlite")  # the adbc reader for nsys only
+    if rel.endswith(".sqlite"):
+        assert "adbc_driver_sqlite" in mods
 
 
 @pytest.mark.slow  # collects the whole suite once
