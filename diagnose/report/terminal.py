@@ -118,39 +118,42 @@ def render_report(d: dict[str, Any], console: Console | None = None, metadata: d
             for r in b.levels[0]:
                 c.print(r)
     else:
-        chosen, trimmed = fit_blocks(blocks, c.width, LINE_BUDGET - 1)
-        for r in chosen:
-            c.print(r)
+        chosen, trimmed, text = fit_blocks(blocks, c, LINE_BUDGET - 1)
+        if text is None or c.record or c.is_jupyter:  # a recording keeps segments: print them
+            for r in chosen:
+                c.print(r)
+        else:  # each block was rendered once, by this console, to fit it: write that text
+            c.file.write(text)
+            c.file.flush()
         if trimmed:
             c.print(Text("(diagnose run --full prints every table whole)", style="dim"))
     if layers:
         layers_text.render_table(c, d)
 
 
-def count_lines(renderables: list[Any], width: int) -> int:
-    """Lines ``renderables`` take at ``width`` columns."""
-    if not renderables:
-        return 0
-    buf = io.StringIO()
-    probe = Console(file=buf, width=width, color_system=None, legacy_windows=False)
-    for r in renderables:
-        probe.print(r)
-    return buf.getvalue().count("\n")
+def _rendered(c: Console, renderables: list[Any]) -> str:
+    """What ``c.print`` would write for ``renderables`` (styles as ``c`` renders them)."""
+    with c.capture() as cap:
+        for r in renderables:
+            c.print(r)
+    return cap.get()
 
 
-def fit_blocks(blocks: list[Block], width: int, budget: int) -> tuple[list[Any], bool]:
+def fit_blocks(blocks: list[Block], c: Console, budget: int) -> tuple[list[Any], bool, str | None]:
     """The renderables of ``blocks`` at the richest variants that fit ``budget`` lines at
-    ``width``: sections shrink one variant at a time in :data:`TRIM_ORDER`; if the leanest
+    ``c``'s width: sections shrink one variant at a time in :data:`TRIM_ORDER`; if the leanest
     variants still do not fit, the report is cut at the budget. Returns (renderables, whether
-    anything was left out)."""
+    anything was left out, the text ``c`` renders them to: None when cut); a variant is
+    rendered once, when the fit reaches it."""
     level = {b.name: 0 for b in blocks}
-    counted: dict[tuple[str, int], int] = {}  # a variant is rendered (counted) only when the fit reaches it
+    counted: dict[tuple[str, int], tuple[int, str]] = {}
 
     def cost(b: Block) -> int:
         key = (b.name, level[b.name])
         if key not in counted:
-            counted[key] = count_lines(b.levels[level[b.name]], width)
-        return counted[key]
+            text = _rendered(c, b.levels[level[b.name]])
+            counted[key] = (text.count("\n"), text)
+        return counted[key][0]
 
     def total() -> int:
         return sum(cost(b) for b in blocks)
@@ -165,9 +168,9 @@ def fit_blocks(blocks: list[Block], width: int, budget: int) -> tuple[list[Any],
             break
     out = [r for b in blocks for r in b.levels[level[b.name]]]
     if total() > budget:  # still too long: cut
-        text = _plain_lines(out, width)[: budget - 1]
-        return [Text("\n".join(text)), Text("… (cut to fit the screen)", style="dim")], True
-    return out, trimmed
+        text = _plain_lines(out, c.width)[: budget - 1]
+        return [Text("\n".join(text)), Text("… (cut to fit the screen)", style="dim")], True, None
+    return out, trimmed, "".join(counted[(b.name, level[b.name])][1] for b in blocks)
 
 
 def _plain_lines(renderables: list[Any], width: int) -> list[str]:
