@@ -4,7 +4,7 @@ minutes: alternating the two sides cancels the drift out of the comparison).
     git archive BASE | tar -x -C /tmp/ab_a ; git archive HEAD | tar -x -C /tmp/ab_b
     python benchmarks/ab.py --a /tmp/ab_a --b /tmp/ab_b --trace /tmp/t316.json.gz --runs 10
 
-Each run is a fresh ``python -c 'from diagnose.cli import main; main()' run --trace T --format
+Each run is a fresh ``python -c 'from diagnose.cli import entry; entry()' run --trace T --format
 json`` child with ``PYTHONPATH`` set to one tree (the tree's ``diagnose`` package is imported,
 not an installed one), stdout to /dev/null; wall time and peak RSS (``ru_maxrss`` from
 ``os.wait4``) per child. Prints every run and the medians.
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-CODE = "import sys; sys.argv[0] = 'diagnose'; from diagnose.cli import main; main()"
+CODE = "import sys; sys.argv[0] = 'diagnose'; import diagnose.cli as c; (getattr(c, 'entry', None) or c.main)()"
 
 
 def one(tree: str, trace: str) -> tuple[float, float]:

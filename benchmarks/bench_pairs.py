@@ -53,11 +53,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# the console script's function: ``entry`` where the tree has it (it ends the process with
+# os._exit after the output), ``main`` in older trees
 CHILD_DIAGNOSE = """
 import sys
-from diagnose.cli import main
+import diagnose.cli as cli
 sys.argv = ['diagnose', 'run', '--trace', sys.argv[1], '--format', 'json']
-main()
+(getattr(cli, 'entry', None) or cli.main)()
 """
 
 CHILD_HTA = """

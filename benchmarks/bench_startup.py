@@ -2,7 +2,7 @@
 interleaved round by round (one run of each command per round), so that a change in the
 machine's load touches every command alike.
 
-Commands timed (the console script's own code path, ``diagnose.cli:main``):
+Commands timed (the console script's own code path, ``diagnose.cli:entry``):
 
 * ``diagnose --help``
 * ``diagnose run --trace SMALL`` (the terminal report, to a pipe) and ``--format json``;
@@ -32,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ROOT.parent / "shared" / "traces" / "tracelens" / "torch_compile_triton" / "trace.json.gz"
 
-_DIAGNOSE = "import sys\nfrom diagnose.cli import main\nsys.argv[0] = 'diagnose'\nmain()\n"
+_DIAGNOSE = ("import sys\nimport diagnose.cli as cli\nsys.argv[0] = 'diagnose'\n"
+             "(getattr(cli, 'entry', None) or cli.main)()\n")  # the console script's function
 
 
 def commands(small: Path) -> dict[str, list[str]]:

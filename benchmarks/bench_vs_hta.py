@@ -51,7 +51,8 @@ _POSTLUDE = (
     "        json.dump({'import_s': t1 - t0, 'work_s': time.perf_counter() - t1}, f)\n"
 )
 
-# Run as the console script does: import diagnose.cli (light), then main(). ``run`` starts
+# Run as the console script does (but for its os._exit at the end, ``diagnose.cli.entry``:
+# the timing is written after main() returns): import diagnose.cli (light), then main(). ``run`` starts
 # reading and gunzipping the trace on a thread before it imports pandas and the analyzers,
 # so those imports overlap the read; ``work_s`` (after the cli import) includes them.
 CHILD_DIAGNOSE = _PRELUDE + """

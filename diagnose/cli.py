@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 
 import click
 
@@ -255,5 +256,42 @@ def _register() -> None:
 
 _register()
 
+
+def entry() -> None:
+    """The ``diagnose`` console script: :func:`main`, then, once the command has finished and
+    its output is flushed, the exit handlers run and the process ends without freeing every
+    object one by one (``os._exit``). After a large trace that teardown is 0.1-0.2 s of a
+    4 s run on a 2-core machine (the trace's frames, the analysis), spent after the last
+    line is printed; mypy ends the same way. A command that raised, a non-integer exit, a
+    flush that fails (a closed pipe) or threads still running end the normal way."""
+    import threading
+
+    try:
+        main()
+        code: object = 0
+    except SystemExit as e:
+        code = e.code
+    if code is None:
+        code = 0
+    if not isinstance(code, int) or threading.active_count() > 1:
+        raise SystemExit(code)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        raise SystemExit(code) from None
+    import atexit
+
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if run_exit_handlers is None:  # another interpreter: the normal way
+        raise SystemExit(code)
+    run_exit_handlers()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    entry()

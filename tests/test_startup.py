@@ -118,3 +118,26 @@ def test_every_heavy_test_id_is_collected():
     collected = {line.strip() for line in out.splitlines() if "::" in line}
     assert sorted(HEAVY - collected) == []
     assert len(HEAVY) == 152
+
+
+@pytest.mark.parametrize("args,code", [(["--version"], 0), (["run", "--trace", "/nonexistent/t.json"], 2),
+                                       (["run", "--trace", "SAMPLE", "--format", "json"], 0),
+                                       (["gate", "--trace", "SAMPLE", "--max-launch-gap-share", "0"], 1)])
+def test_console_script_exits_with_the_command_status_after_its_output(args, code):
+    """``diagnose.cli:entry`` (the console script) ends the process with ``os._exit`` after a
+    command: the exit status is the command's, every byte of its output is written (a pipe),
+    and exit handlers registered in the process still run."""
+    from conftest import ROOT
+
+    sample = str(ROOT / "samples/tracelens/torch_compile_prefill_mi300x.json.gz")
+    argv = ["diagnose"] + [sample if a == "SAMPLE" else a for a in args]
+    code_txt = ("import atexit, sys\n"
+                "atexit.register(lambda: sys.stderr.write('handler ran\\n'))\n"
+                f"sys.argv = {argv!r}\n"
+                "from diagnose.cli import entry\nentry()\n")
+    out = subprocess.run([sys.executable, "-c", code_txt], capture_output=True, text=True, timeout=300)
+    assert out.returncode == code, out.stderr
+    assert out.stderr.endswith("handler ran\n")
+    if args[0] == "run" and code == 0:
+        lib = CliRunner().invoke(main, argv[1:])
+        assert out.stdout == lib.output and json.loads(out.stdout)["source"]["format"] == "kineto-json"
