@@ -201,6 +201,8 @@ def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: s
             prefetch = Prefetch(trace_paths[0]) if sniff(trace_paths[0]) == "kineto" else None
         except DiagnoseError:
             prefetch = None
+        if prefetch is not None:  # a large file: its forked workers decode while pandas and the analyzers import
+            prefetch.start_decode()
     else:
         prefetch = None
     from diagnose.engine import load_ruleset

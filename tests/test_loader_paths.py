@@ -232,6 +232,42 @@ def test_control_trace_exact_numbers_on_every_path(monkeypatch, fork_allowed):
     check(loader._load_chunked(path, buf, workers=3))
 
 
+def test_started_decode_is_the_load(monkeypatch, fork_allowed):
+    """The command line starts a large file's workers before pandas imports
+    (``start_decode``); the load then collects them: the same trace as the load that forks its
+    own workers, and as the default load (the HTA control trace, cut into 1 MiB slices)."""
+    path = str(shared_trace("hta/trace_diff/control.json.gz"))
+    default = loader.load_kineto(path)
+    buf, _ = read_bytes_partial(path)
+    monkeypatch.setattr(loader, "CHUNK_BYTES", MiB)
+    monkeypatch.setattr(loader, "CHUNKED_MIN_BYTES", MiB)
+    monkeypatch.setenv("DIAGNOSE_WORKERS", "2")
+    forks = _spy(monkeypatch, "_fork_decode", lambda a, r: a[1])
+    started = loader.start_decode(buf)
+    assert started is not None and len(forks) == 2  # forked at once, before the load
+    trace = loader.load_kineto(path, buf=buf, started=started)
+    assert len(forks) == 2  # the load forked no more
+    assert_same(default, trace)
+    assert started.buf is None  # handed over: the document is not kept alive by it
+    # the two shares cover every slice once, in order
+    assert [s for share in forks for s in share] == loader._Plan(buf).slices
+
+
+@pytest.mark.parametrize("case", ["small", "cut", "list", "one_worker"])
+def test_start_decode_starts_nothing_where_the_load_would_not_fork(case, monkeypatch, fork_allowed):
+    """A document under the chunked size, one cut short by its gzip stream, a legacy top-level
+    list, or one worker: nothing is forked early (the load does all of it, as before)."""
+    path = str(shared_trace("hta/trace_diff/control.json.gz"))
+    buf, _ = read_bytes_partial(path)
+    monkeypatch.setattr(loader, "CHUNK_BYTES", MiB)
+    monkeypatch.setattr(loader, "CHUNKED_MIN_BYTES", MiB if case != "small" else len(buf) + 1)
+    monkeypatch.setenv("DIAGNOSE_WORKERS", "1" if case == "one_worker" else "2")
+    forks = _spy(monkeypatch, "_fork_decode")
+    doc = b"[" + buf + b"]" if case == "list" else buf
+    assert loader.start_decode(doc, "gzip stream cut" if case == "cut" else None) is None
+    assert forks == []
+
+
 # 2. synthetic documents -------------------------------------------------------------------
 def test_odd_typed_ids_in_one_slice(kineto, monkeypatch, fork_allowed):
     b = _synthetic(kineto)

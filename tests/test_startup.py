@@ -7,6 +7,7 @@ uses when it runs. The times themselves are measured by ``benchmarks/bench_start
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -141,3 +142,34 @@ def test_console_script_exits_with_the_command_status_after_its_output(args, cod
     if args[0] == "run" and code == 0:
         lib = CliRunner().invoke(main, argv[1:])
         assert out.stdout == lib.output and json.loads(out.stdout)["source"]["format"] == "kineto-json"
+
+
+def test_large_file_workers_fork_before_pandas_imports():
+    """``diagnose run`` on a large Kineto file forks its decoding workers right after the read,
+    before pandas and the analyzers import (they import while the workers decode); the
+    report is the library's. The loader's modules import no pandas. (The HTA control trace,
+    with the chunked-load threshold lowered to 1 MiB in the child.)"""
+    from conftest import SHARED_TRACES
+
+    path = SHARED_TRACES / "hta/trace_diff/control.json.gz"
+    if not path.exists():
+        pytest.skip("shared trace corpus not available")
+    code = ("import json, os, sys\n"
+            "import diagnose.trace.kineto as K, diagnose.trace.reading\n"
+            "light = 'pandas' in sys.modules\n"
+            "K.CHUNKED_MIN_BYTES = K.CHUNK_BYTES = 1 << 20\n"
+            "seen = []\n"
+            "init = K._Forked.__init__\n"
+            "def spy(self, *a):\n    seen.append('pandas' in sys.modules)\n    init(self, *a)\n"
+            "K._Forked.__init__ = spy\n"
+            "from diagnose.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "sys.stderr.write('\\n' + json.dumps([light, seen]))\n")
+    env = dict(os.environ, DIAGNOSE_WORKERS="2")
+    out = subprocess.run([sys.executable, "-c", code, "run", "--trace", str(path), "--format", "json"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    light, seen = json.loads(out.stderr.strip().splitlines()[-1])
+    assert light is False  # the loader's modules: no pandas
+    assert seen == [False]  # one early start, before pandas
+    lib = CliRunner().invoke(main, ["run", "--trace", str(path), "--format", "json"])
+    assert out.stdout == lib.output

@@ -52,14 +52,16 @@ import signal
 import struct
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from diagnose.errors import TraceFormatError
 from diagnose.trace.kineto_columns import _Columns
 from diagnose.trace.kineto_events import _any_dec, _as_int, _decode_lenient, _Event, _StrictEvent
-from diagnose.trace.model import DeviceInfo, Trace
+
+if TYPE_CHECKING:  # pandas: imported by the main process once it builds the frames (see start_decode)
+    from diagnose.trace.model import DeviceInfo, Trace
 from diagnose.trace.reading import read_bytes_partial
 
 
@@ -243,7 +245,7 @@ def _decode_slice(data: bytes) -> tuple[list, bool]:
 
 
 def load_kineto(path: str, buf: bytes | bytearray | None = None, lenient: bool = False, progress=None,
-                gz_cut: str | None = None, workers: int | None = None) -> Trace:
+                gz_cut: str | None = None, workers: int | None = None, started: StartedDecode | None = None) -> Trace:
     """Load a Kineto JSON trace into the normalized :class:`Trace`.
 
     Args:
@@ -254,6 +256,7 @@ def load_kineto(path: str, buf: bytes | bytearray | None = None, lenient: bool =
         progress: optional callback ``progress(done_bytes, total_bytes)`` for large inputs.
         workers: processes decoding a large file (>= 64 MiB) in parallel; None:
             :func:`workers_default`; 1: this process only.
+        started: the decode :func:`start_decode` started on ``buf`` (its workers are collected).
 
     Returns:
         Trace with int64-ns frames; data-quality notes in ``trace.quality``.
@@ -266,15 +269,15 @@ def load_kineto(path: str, buf: bytes | bytearray | None = None, lenient: bool =
     if buf is None:
         buf, gz_cut = read_bytes_partial(path)
     try:
-        return _load_kineto(path, buf, lenient, progress, gz_cut, workers)
+        return _load_kineto(path, buf, lenient, progress, gz_cut, workers, started)
     except RecursionError:  # msgspec's nesting guard: no trace is nested thousands of levels deep
         raise TraceFormatError(f"{path}: JSON nested too deeply to decode (thousands of levels of arrays/objects): not a profiler trace") from None
 
 
 def _load_kineto(path: str, buf: bytes | bytearray, lenient: bool, progress, gz_cut: str | None,
-                 workers: int | None) -> Trace:
+                 workers: int | None, started: StartedDecode | None = None) -> Trace:
     if not gz_cut and len(buf) >= CHUNKED_MIN_BYTES and buf[:64].lstrip()[:1] == b"{":
-        trace = _load_chunked(path, buf, progress, workers)
+        trace = _load_chunked(path, buf, progress, workers, started)
         if trace is not None:
             return trace
     if isinstance(buf, bytearray):  # from a caller: the paths below want bytes
@@ -323,6 +326,8 @@ def _base_ns(metadata: dict[str, Any]) -> int:
 
 
 def _new_trace(path: str, metadata: dict[str, Any], legacy: bool, repairs: list, buf_len: int, gz_cut: str | None) -> Trace:
+    from diagnose.trace.model import Trace
+
     trace = Trace(source_path=path, source_format="kineto-json", metadata=metadata)
     if "baseTimeNanoseconds" in metadata and _base_ns(metadata) == 0 and metadata["baseTimeNanoseconds"] != 0:
         trace.note("bad_base_time", f"baseTimeNanoseconds {str(metadata['baseTimeNanoseconds'])[:40]!r} is not a plausible epoch time in ns: ignored (times are relative)")
@@ -584,6 +589,54 @@ def _fork_result(pid: int, fd: int) -> dict | None:
         return None
 
 
+class _Forked:
+    """Shares of a document being decoded, each in its own forked child (:func:`_fork_decode`),
+    from the moment this is made; :meth:`collect` waits for them and merges their columns."""
+
+    def __init__(self, src: memoryview, shares: list[list[tuple[int, int]]], base_ns: int) -> None:
+        self.src, self.shares, self.base_ns = src, shares, base_ns
+        self.done = mmap.mmap(-1, 8 * len(shares))
+        self.children: dict[int, tuple[int, int]] = {}  # share index -> (pid, fd)
+        self.states: dict[int, dict | None] = {}
+        for i, share in enumerate(shares):
+            try:
+                self.children[i] = _fork_decode(src, share, base_ns, self.done, i)
+            except OSError:
+                self.states[i] = None
+
+    def collect(self, report) -> _Columns:
+        """The merged columns, in share order; a share whose child could not start or failed
+        is decoded here. ``report(bytes decoded)`` while waiting.
+
+        Raises:
+            _ChunkFailed: a slice is not a valid JSON list of events.
+        """
+        shares, states, children = self.shares, self.states, self.children
+        try:
+            while len(states) < len(shares):
+                waiting = {fd: i for i, (pid, fd) in children.items() if i not in states}
+                if not waiting:
+                    break
+                ready, _, _ = select.select(list(waiting), [], [], 0.2)
+                report(sum(struct.unpack_from(f"{len(shares)}q", self.done)))
+                for fd in ready:
+                    i = waiting[fd]
+                    states[i] = _fork_result(children[i][0], fd)
+        except BaseException:
+            for i, (pid, fd) in children.items():
+                if i not in states:
+                    os.kill(pid, signal.SIGKILL)
+                    _fork_result(pid, fd)
+            raise
+        finally:
+            self.done.close()
+        cols = _Columns(self.base_ns)
+        for i, share in enumerate(shares):
+            state = states.get(i)
+            cols.merge(state if state is not None else _decode_slices(self.src, share, self.base_ns).state())
+        return cols
+
+
 def _decode_parallel(src: memoryview, shares: list[list[tuple[int, int]]], base_ns: int, report) -> _Columns:
     """Decode each share in its own forked child; merge their columns in share order.
     A share whose child could not start or failed is decoded here.
@@ -591,67 +644,94 @@ def _decode_parallel(src: memoryview, shares: list[list[tuple[int, int]]], base_
     Raises:
         _ChunkFailed: a slice is not a valid JSON list of events.
     """
-    done = mmap.mmap(-1, 8 * len(shares))
-    children: dict[int, tuple[int, int]] = {}  # share index -> (pid, fd)
-    states: dict[int, dict | None] = {}
-    for i, share in enumerate(shares):
-        try:
-            children[i] = _fork_decode(src, share, base_ns, done, i)
-        except OSError:
-            states[i] = None
+    return _Forked(src, shares, base_ns).collect(report)
+
+
+class _Plan:
+    """Where a large document's events are and how they are cut: the other top-level keys
+    decoded (``metadata``), the events array ``src[lb:rb + 1]`` and its slices."""
+
+    def __init__(self, buf: bytes | bytearray) -> None:
+        self.ok = False
+        located = _locate_events(buf)
+        if located is None:
+            try:
+                top = _any_top_dec.decode(buf)
+            except (msgspec.DecodeError, UnicodeDecodeError):
+                return
+            raw_events = top.pop("traceEvents", None)
+            if raw_events is None:
+                return
+            src = memoryview(raw_events)  # a view into buf: no copy
+            lb = bytes(src[:64]).find(b"[")
+            rb = len(src) - 1
+            while rb > 0 and src[rb] != ord("]"):
+                rb -= 1
+            if lb < 0 or rb <= lb:
+                return
+        else:
+            top, lb, rb = located
+            src = memoryview(buf)
+        self.metadata = _decode_values(top)
+        self.base_ns = _base_ns(self.metadata)
+        self.src, self.lb, self.rb = src, lb, rb
+        self.slices = _slices(src, lb, rb)
+        self.ok = True
+
+    def shares(self, n_workers: int) -> list[list[tuple[int, int]]]:
+        """Contiguous shares of the slices in file order, one per worker."""
+        sl = self.slices
+        return [sl[len(sl) * i // n_workers:len(sl) * (i + 1) // n_workers] for i in range(n_workers)]
+
+
+class StartedDecode:
+    """A large document's events already being decoded on forked workers
+    (:func:`start_decode`); :func:`load_kineto` collects them (``started``)."""
+
+    def __init__(self, buf: bytes | bytearray, plan: _Plan, forked: _Forked) -> None:
+        self.buf, self.plan, self.forked = buf, plan, forked
+
+
+def start_decode(buf: bytes | bytearray | None, gz_cut: str | None = None) -> StartedDecode | None:
+    """Start decoding the decompressed document ``buf`` on forked workers, as the load of a
+    large file would (:func:`workers_default`: Linux, this process single-threaded), and
+    return at once; None (nothing started) when the load would not fork: a small, cut or
+    unusual document, one worker, or any error (the load then does everything itself).
+
+    The command line calls this after the read and before it imports pandas and the
+    analyzers, which then import while the workers decode (on two cores: about 0.4 s of the
+    ~4 s a 255 MB trace takes). This module and what the workers run import no pandas.
+    """
     try:
-        while len(states) < len(shares):
-            waiting = {fd: i for i, (pid, fd) in children.items() if i not in states}
-            if not waiting:
-                break
-            ready, _, _ = select.select(list(waiting), [], [], 0.2)
-            report(sum(struct.unpack_from(f"{len(shares)}q", done)))
-            for fd in ready:
-                i = waiting[fd]
-                states[i] = _fork_result(children[i][0], fd)
-    except BaseException:
-        for i, (pid, fd) in children.items():
-            if i not in states:
-                os.kill(pid, signal.SIGKILL)
-                _fork_result(pid, fd)
-        raise
-    finally:
-        done.close()
-    cols = _Columns(base_ns)
-    for i, share in enumerate(shares):
-        state = states.get(i)
-        cols.merge(state if state is not None else _decode_slices(src, share, base_ns).state())
-    return cols
+        if buf is None or gz_cut or len(buf) < CHUNKED_MIN_BYTES or buf[:64].lstrip()[:1] != b"{":
+            return None
+        plan = _Plan(buf)
+        n_workers = min(workers_default(), len(plan.slices)) if plan.ok else 1
+        if n_workers <= 1:
+            if plan.ok:
+                plan.src.release()
+            return None
+        return StartedDecode(buf, plan, _Forked(plan.src, plan.shares(n_workers), plan.base_ns))
+    except Exception:  # noqa: BLE001 - the load redoes it all
+        return None
 
 
-def _load_chunked(path: str, buf: bytes, progress=None, workers: int | None = None) -> Trace | None:
+def _load_chunked(path: str, buf: bytes, progress=None, workers: int | None = None,
+                  started: StartedDecode | None = None) -> Trace | None:
     """Decode ``traceEvents`` in ~32 MiB slices cut at ``},{`` boundaries, on ``workers``
-    processes (forked, sharing the decompressed document; see :func:`workers_default`).
+    processes (forked, sharing the decompressed document; see :func:`workers_default`), or
+    collect the workers :func:`start_decode` started on ``buf`` (``started``).
     Each slice's decode validates its cut. Returns None (the caller falls back to the
     whole-document path) when the document or any slice does not decode cleanly."""
-    located = _locate_events(buf)
-    if located is None:
-        try:
-            top = _any_top_dec.decode(buf)
-        except (msgspec.DecodeError, UnicodeDecodeError):
-            return None
-        raw_events = top.pop("traceEvents", None)
-        if raw_events is None:
-            return None
-        src = memoryview(raw_events)  # a view into buf: no copy
-        lb = bytes(src[:64]).find(b"[")
-        rb = len(src) - 1
-        while rb > 0 and src[rb] != ord("]"):
-            rb -= 1
-        if lb < 0 or rb <= lb:
-            return None
+    forked = None
+    if started is not None and started.buf is buf:
+        plan, forked = started.plan, started.forked
+        started.buf = started.plan = started.forked = None
     else:
-        top, lb, rb = located
-        src = memoryview(buf)
-    metadata = _decode_values(top)
-    del top
-    base_ns = _base_ns(metadata)
-    slices = _slices(src, lb, rb)
+        plan = _Plan(buf)
+        if not plan.ok:
+            return None
+    src, slices, base_ns, lb, rb = plan.src, plan.slices, plan.base_ns, plan.lb, plan.rb
     n_workers = max(1, min(workers or workers_default(), len(slices)))
     if n_workers > 1 and threading.active_count() > 1:
         n_workers = 1  # never fork while other threads run
@@ -662,19 +742,19 @@ def _load_chunked(path: str, buf: bytes, progress=None, workers: int | None = No
             progress(min(done, total), total)
 
     try:
-        if n_workers == 1:
+        if forked is not None:
+            cols = forked.collect(report)
+        elif n_workers == 1:
             cols = _decode_slices(src, slices, base_ns, lambda end, _t: report(end - lb))
         else:
-            # contiguous shares in file order, one per child; merged back in that order
-            shares = [slices[len(slices) * i // n_workers:len(slices) * (i + 1) // n_workers] for i in range(n_workers)]
-            cols = _decode_parallel(src, shares, base_ns, report)
+            cols = _decode_parallel(src, plan.shares(n_workers), base_ns, report)
     except _ChunkFailed:
         return None
     finally:
         src.release()
     if progress is not None:
         progress(total, total)
-    trace = _new_trace(path, metadata, False, [], len(buf), None)
+    trace = _new_trace(path, plan.metadata, False, [], len(buf), None)
     cols.finish(trace)
     return trace
 
@@ -693,6 +773,8 @@ def parse_input_dims(raw: bytes | msgspec.Raw | list | None) -> list | None:
 
 
 def _devices(props: Any) -> list[DeviceInfo]:
+    from diagnose.trace.model import DeviceInfo
+
     out: list[DeviceInfo] = []
     if not isinstance(props, list):
         return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 import re
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 import numpy as np
@@ -32,7 +32,7 @@ from diagnose.trace.kineto_events import (
     _int,
     _string_times,
 )
-from diagnose.trace.model import (
+from diagnose.trace.schema import (
     ANNOTATION_COLUMNS,
     CPU_OP_COLUMNS,
     GPU_COLUMNS,
@@ -41,11 +41,11 @@ from diagnose.trace.model import (
     RANK_ID_SHIFT,
     RUNTIME_COLUMNS,
     SYNC_COLUMNS,
-    Trace,
-    categorical,
-    factorize,
-    frame,
+    factorize_values,
 )
+
+if TYPE_CHECKING:
+    from diagnose.trace.model import Trace
 
 
 def _us_to_ns(ts_us: np.ndarray, base_ns: int) -> np.ndarray:
@@ -391,7 +391,7 @@ class _Coded(NamedTuple):
 
 def _code(values: list) -> _Coded:
     """Factorize str or bytes values, first-seen order (see :func:`~diagnose.trace.model.factorize`)."""
-    codes, uniques = factorize(values)
+    codes, uniques = factorize_values(values)
     return _Coded(codes.astype(np.int32), uniques)
 
 
@@ -423,6 +423,8 @@ def _column(name: str, c: Any) -> Any:
     if not isinstance(c, _Coded):
         return c
     if name in ("name", "scope"):
+        from diagnose.trace.model import categorical  # pandas: in the main process, once decoded
+
         return categorical(c.codes, c.uniques)
     return c.uniques[c.codes] if len(c.uniques) else np.full(len(c.codes), None, dtype=object)
 
@@ -597,6 +599,8 @@ class _Columns:
         Raises:
             TraceFormatError: the document holds no event at all.
         """
+        from diagnose.trace.model import frame  # pandas: in the main process, once decoded
+
         n = self.n
         if n["events"] == 0:
             if trace.partial:

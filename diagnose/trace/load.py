@@ -16,7 +16,8 @@ def load_trace(path: str, lenient: bool = False, progress=None, prefetch: Prefet
         lenient: Kineto only: repair numbers written with a decimal comma.
         progress: optional ``progress(done, total)`` callback (large Kineto files).
         prefetch: a :class:`~diagnose.trace.reading.Prefetch` of ``path`` already reading it
-            (Kineto only; ignored otherwise).
+            (Kineto only; ignored otherwise), perhaps with its decode started
+            (:meth:`~diagnose.trace.reading.Prefetch.start_decode`).
         workers: Kineto only: processes decoding a large file (see
             :func:`diagnose.trace.kineto.workers_default`); 1 for this process only.
 
@@ -36,5 +37,7 @@ def load_trace(path: str, lenient: bool = False, progress=None, prefetch: Prefet
         from diagnose.trace.kineto import load_kineto
 
         buf, cut = prefetch.result() if prefetch is not None else (None, None)
-        trace = load_kineto(path, buf=buf, lenient=lenient, progress=progress, gz_cut=cut, workers=workers)
+        started = prefetch.take_started() if prefetch is not None else None
+        trace = load_kineto(path, buf=buf, lenient=lenient, progress=progress, gz_cut=cut, workers=workers,
+                            started=started)
     return normalize(trace)

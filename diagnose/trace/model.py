@@ -73,80 +73,25 @@ linked to another rank's launch. :func:`~diagnose.trace.ranks.split_ranks` remov
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
-NO_TIME = -(2**63)  # int64 sentinel for "no such timestamp" (times themselves may be negative)
-RANK_ID_SHIFT = 40  # a merged file's correlation/external ids of rank r: r << 40 | id (ids below 2**40)
+from diagnose.trace.schema import (  # noqa: F401  (re-exported: the frames' contracts)
+    NO_TIME,
+    RANK_ID_SHIFT,
+    GPU_COLUMNS,
+    RUNTIME_COLUMNS,
+    CPU_OP_COLUMNS,
+    ANNOTATION_COLUMNS,
+    SYNC_COLUMNS,
+    OVERHEAD_COLUMNS,
+    PYTHON_FRAME_COLUMNS,
+    factorize_values,
+)
 
-GPU_COLUMNS = {
-    "kind": "object",
-    "name": "category",
-    "device": "int64",
-    "stream": "int64",
-    "start_ns": "int64",
-    "end_ns": "int64",
-    "correlation": "int64",
-    "external_id": "int64",
-    "bytes": "int64",
-    "pid": "int64",
-}
-RUNTIME_COLUMNS = {
-    "name": "category",
-    "api_kind": "object",
-    "start_ns": "int64",
-    "end_ns": "int64",
-    "correlation": "int64",
-    "pid": "int64",
-    "tid": "int64",
-}
-CPU_OP_COLUMNS = {
-    "name": "category",
-    "start_ns": "int64",
-    "end_ns": "int64",
-    "external_id": "int64",
-    "tid": "int64",
-    "input_dims": "object",
-    "input_types": "object",
-    "concrete_inputs": "object",
-}
-ANNOTATION_COLUMNS = {
-    "name": "category",
-    "scope": "category",
-    "device": "int64",
-    "start_ns": "int64",
-    "end_ns": "int64",
-    "pid": "int64",
-    "tid": "int64",
-}
-SYNC_COLUMNS = {
-    "name": "category",
-    "device": "int64",
-    "stream": "int64",
-    "start_ns": "int64",
-    "end_ns": "int64",
-    "correlation": "int64",
-    "wait_stream": "int64",
-    "wait_record_correlation": "int64",
-}
-OVERHEAD_COLUMNS = {
-    "name": "category",
-    "start_ns": "int64",
-    "end_ns": "int64",
-    "pid": "int64",
-    "tid": "int64",
-}
-PYTHON_FRAME_COLUMNS = {
-    "name": "category",
-    "start_ns": "int64",
-    "end_ns": "int64",
-    "pid": "int64",
-    "tid": "int64",
-}
 #: The name prefix of an ``nn.Module`` frame in ``python_frames`` (``Trace.modules``).
 MODULE_FRAME_PREFIX = "nn.Module: "
 #: The frames of a :class:`Trace` (attribute name -> column contract).
@@ -172,12 +117,7 @@ def factorize(values: Any) -> tuple[np.ndarray, np.ndarray]:
         return _recode(np.asarray(cat.codes), np.asarray(cat.categories, dtype=object))
     if isinstance(values, pd.Series):
         values = values.to_numpy(dtype=object)
-    n = len(values)
-    seen: dict[Any, int] = {}
-    # each value -> the position of its first occurrence, in C (dict.setdefault over a counter)
-    first = np.fromiter(map(seen.setdefault, values, itertools.count()), dtype=np.int64, count=n)
-    dense = np.cumsum(first == np.arange(n)) - 1  # at a first occurrence: its value's code
-    return dense[first], np.fromiter(seen, dtype=object, count=len(seen))
+    return factorize_values(values)
 
 
 def _first_seen(codes: np.ndarray, k: int) -> bool:

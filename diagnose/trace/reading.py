@@ -215,6 +215,7 @@ class Prefetch:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.started = None  # the Kineto decode started on the result (start_decode)
         self._result: tuple[bytes, str | None] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="diagnose-prefetch", daemon=True)
@@ -225,6 +226,22 @@ class Prefetch:
             self._result = read_bytes_partial(self.path)
         except BaseException as e:  # noqa: BLE001 - re-raised in result()
             self._error = e
+
+    def start_decode(self) -> None:
+        """Wait for the read, then start decoding a large document's events on forked workers
+        (:func:`diagnose.trace.kineto.start_decode`), kept in ``started`` for the load, while
+        the caller goes on (the command line imports pandas and the analyzers meanwhile).
+        Nothing is started when the read failed (the load reports it) or would not fork."""
+        from diagnose.trace.kineto import start_decode  # numpy and msgspec import while the read goes on
+
+        self._thread.join()
+        if self._error is None and self._result is not None:
+            self.started = start_decode(*self._result)
+
+    def take_started(self):
+        """The started decode (or None), handed over once."""
+        out, self.started = self.started, None
+        return out
 
     def result(self) -> tuple[bytes, str | None]:
         """(decompressed bytes, description of a gzip cut or None); the result is handed over
