@@ -202,7 +202,9 @@ def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: s
         except DiagnoseError:
             prefetch = None
         if prefetch is not None:  # a large file: its forked workers decode while pandas and the analyzers import
-            prefetch.start_decode()
+            from diagnose.trace.kineto import start_prefetched  # numpy, msgspec: no pandas
+
+            start_prefetched(prefetch)
     else:
         prefetch = None
     from diagnose.engine import load_ruleset

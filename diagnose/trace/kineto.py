@@ -637,16 +637,6 @@ class _Forked:
         return cols
 
 
-def _decode_parallel(src: memoryview, shares: list[list[tuple[int, int]]], base_ns: int, report) -> _Columns:
-    """Decode each share in its own forked child; merge their columns in share order.
-    A share whose child could not start or failed is decoded here.
-
-    Raises:
-        _ChunkFailed: a slice is not a valid JSON list of events.
-    """
-    return _Forked(src, shares, base_ns).collect(report)
-
-
 class _Plan:
     """Where a large document's events are and how they are cut: the other top-level keys
     decoded (``metadata``), the events array ``src[lb:rb + 1]`` and its slices."""
@@ -716,6 +706,15 @@ def start_decode(buf: bytes | bytearray | None, gz_cut: str | None = None) -> St
         return None
 
 
+def start_prefetched(prefetch) -> None:
+    """:func:`start_decode` on what a :class:`~diagnose.trace.reading.Prefetch` read (waiting
+    for the read), kept in its ``started`` for the load; nothing when the read failed (the
+    load reports it)."""
+    got = prefetch.peek()
+    if got is not None:
+        prefetch.started = start_decode(*got)
+
+
 def _load_chunked(path: str, buf: bytes, progress=None, workers: int | None = None,
                   started: StartedDecode | None = None) -> Trace | None:
     """Decode ``traceEvents`` in ~32 MiB slices cut at ``},{`` boundaries, on ``workers``
@@ -747,7 +746,7 @@ def _load_chunked(path: str, buf: bytes, progress=None, workers: int | None = No
         elif n_workers == 1:
             cols = _decode_slices(src, slices, base_ns, lambda end, _t: report(end - lb))
         else:
-            cols = _decode_parallel(src, plan.shares(n_workers), base_ns, report)
+            cols = _Forked(src, plan.shares(n_workers), base_ns).collect(report)
     except _ChunkFailed:
         return None
     finally:

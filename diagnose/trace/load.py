@@ -17,7 +17,7 @@ def load_trace(path: str, lenient: bool = False, progress=None, prefetch: Prefet
         progress: optional ``progress(done, total)`` callback (large Kineto files).
         prefetch: a :class:`~diagnose.trace.reading.Prefetch` of ``path`` already reading it
             (Kineto only; ignored otherwise), perhaps with its decode started
-            (:meth:`~diagnose.trace.reading.Prefetch.start_decode`).
+            (:func:`~diagnose.trace.kineto.start_prefetched`).
         workers: Kineto only: processes decoding a large file (see
             :func:`diagnose.trace.kineto.workers_default`); 1 for this process only.
 

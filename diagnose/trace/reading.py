@@ -215,7 +215,7 @@ class Prefetch:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.started = None  # the Kineto decode started on the result (start_decode)
+        self.started = None  # the Kineto decode started on the result (diagnose.trace.kineto.start_prefetched)
         self._result: tuple[bytes, str | None] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="diagnose-prefetch", daemon=True)
@@ -227,16 +227,11 @@ class Prefetch:
         except BaseException as e:  # noqa: BLE001 - re-raised in result()
             self._error = e
 
-    def start_decode(self) -> None:
-        """Wait for the read, then start decoding a large document's events on forked workers
-        (:func:`diagnose.trace.kineto.start_decode`), kept in ``started`` for the load, while
-        the caller goes on (the command line imports pandas and the analyzers meanwhile).
-        Nothing is started when the read failed (the load reports it) or would not fork."""
-        from diagnose.trace.kineto import start_decode  # numpy and msgspec import while the read goes on
-
+    def peek(self) -> tuple[bytes, str | None] | None:
+        """Wait for the read; its result without handing it over, or None when it failed
+        (:meth:`result` raises the error)."""
         self._thread.join()
-        if self._error is None and self._result is not None:
-            self.started = start_decode(*self._result)
+        return self._result if self._error is None else None
 
     def take_started(self):
         """The started decode (or None), handed over once."""
