@@ -208,16 +208,23 @@ def _host_removed(g: D.DepGraph, tid: int, sc: Scenario) -> tuple[np.ndarray, np
 
 
 def _thread_span(g: D.DepGraph, tid: int) -> tuple[int, int]:
+    """(first start, last end) of thread ``tid``'s runtime calls, operators, python frames and
+    ranges (0 for what it lacks), once per graph."""
+    key = ("thread_span", tid)
+    hit = g.cache.get(key)
+    if hit is not None:
+        return hit
     m = g.rt_tid == tid
     lo = int(g.rt_start[m].min()) if m.any() else 0
     hi = int(g.rt_end[m].max()) if m.any() else 0
     tr = g.trace
     for f in (tr.cpu_ops, tr.python_frames, tr.annotations):
         if f is not None and len(f):
-            sub = f[f["tid"].to_numpy() == tid]
-            if len(sub):
-                lo = min(lo, int(sub["start_ns"].min()))
-                hi = max(hi, int(sub["end_ns"].max()))
+            mine = f["tid"].to_numpy() == tid
+            if mine.any():
+                lo = min(lo, int(f["start_ns"].to_numpy()[mine].min()))
+                hi = max(hi, int(f["end_ns"].to_numpy()[mine].max()))
+    g.cache[key] = (lo, hi)
     return lo, hi
 
 
