@@ -4,16 +4,24 @@ file parses to is cached on disk (:func:`load_yaml`)."""
 from __future__ import annotations
 
 import os
+import sys
+from functools import lru_cache
 from typing import Any
 
-import yaml
 
-try:
-    _Loader = yaml.CSafeLoader
-except AttributeError:  # pragma: no cover - PyYAML built without libyaml
-    _Loader = yaml.SafeLoader
+@lru_cache(maxsize=1)
+def _c_loader():
+    """libyaml's safe loader when PyYAML has it (imported here: a run whose packaged files all
+    come from the cache never imports PyYAML)."""
+    import yaml
 
-YAMLError = yaml.YAMLError
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def is_yaml_error(e: BaseException) -> bool:
+    """Whether ``e`` is PyYAML's error (malformed YAML); False when PyYAML was never imported."""
+    yaml = sys.modules.get("yaml")
+    return yaml is not None and isinstance(e, yaml.YAMLError)
 
 
 def load_yaml(text: str | bytes) -> Any:
@@ -32,7 +40,7 @@ def load_yaml(text: str | bytes) -> Any:
     """
     where = cache_dir()
     if where is None:
-        return yaml.load(text, Loader=_Loader)
+        return _parse(text)
     import hashlib
 
     import msgspec
@@ -44,7 +52,7 @@ def load_yaml(text: str | bytes) -> Any:
             return msgspec.msgpack.decode(f.read())
     except (OSError, msgspec.DecodeError):
         pass
-    obj = yaml.load(text, Loader=_Loader)
+    obj = _parse(text)
     try:
         packed = msgspec.msgpack.encode(obj)
         if msgspec.msgpack.decode(packed) == obj:
@@ -58,8 +66,15 @@ def load_yaml(text: str | bytes) -> Any:
     return obj
 
 
-# the cache key's salt: the PyYAML version (what a document parses to), at most 16 bytes
-_CACHE_SALT = ("y" + yaml.__version__).encode()[:16]
+def _parse(text: str | bytes) -> Any:
+    import yaml
+
+    return yaml.load(text, Loader=_c_loader())
+
+
+# the cache key's salt: the entries' format (a change of what a packaged file must parse to
+# changes this)
+_CACHE_SALT = b"diagnose-yaml-1"
 
 
 def cache_dir() -> str | None:
@@ -82,27 +97,32 @@ MAX_USER_YAML_BYTES = 1 << 20
 MAX_YAML_DEPTH = 64
 
 
-class _NoAliasLoader(yaml.SafeLoader):
+@lru_cache(maxsize=1)
+def _no_alias_loader():
     """A safe loader that refuses anchors and aliases: a few KB of nested aliases ("billion
     laughs") expand to gigabytes. Files users give (rules, rules configs) never need them.
     It also refuses nesting deeper than :data:`MAX_YAML_DEPTH` (PyYAML composes nodes
     recursively: 50,000 levels in 100 KB exhaust Python's recursion limit)."""
+    import yaml
 
-    _depth = 0
+    class _NoAliasLoader(yaml.SafeLoader):
+        _depth = 0
 
-    def compose_node(self, parent, index):  # noqa: D401 - PyYAML hook
-        if self.check_event(yaml.events.AliasEvent) or getattr(self.peek_event(), "anchor", None):
-            event = self.peek_event()
-            raise yaml.composer.ComposerError(None, None, "anchors and aliases (&name / *name) are not allowed",
-                                              event.start_mark)
-        if self._depth >= MAX_YAML_DEPTH:
-            raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
-                                              self.peek_event().start_mark)
-        self._depth += 1
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
+        def compose_node(self, parent, index):  # noqa: D401 - PyYAML hook
+            if self.check_event(yaml.events.AliasEvent) or getattr(self.peek_event(), "anchor", None):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(None, None, "anchors and aliases (&name / *name) are not allowed",
+                                                  event.start_mark)
+            if self._depth >= MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
+                                                  self.peek_event().start_mark)
+            self._depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+
+    return _NoAliasLoader
 
 
 def load_user_yaml(text: str | bytes, max_bytes: int = MAX_USER_YAML_BYTES) -> Any:
@@ -111,12 +131,14 @@ def load_user_yaml(text: str | bytes, max_bytes: int = MAX_USER_YAML_BYTES) -> A
 
     Raises:
         yaml.YAMLError: malformed YAML, an anchor or alias, nesting too deep, or a file over
-            ``max_bytes``.
+            ``max_bytes`` (:func:`is_yaml_error`).
     """
+    import yaml
+
     if len(text) > max_bytes:
         raise yaml.YAMLError(f"file larger than {max_bytes:,} bytes")
     try:
-        return yaml.load(text, Loader=_NoAliasLoader)
+        return yaml.load(text, Loader=_no_alias_loader())
     except RecursionError:  # a parser stage that recurses before the composer's depth check
         raise yaml.YAMLError(f"nested deeper than {MAX_YAML_DEPTH} levels") from None
     except ValueError as e:  # Python refuses integers of over 4,300 digits

@@ -69,8 +69,10 @@ def test_run_imports_no_web_stack(tmp_path):
     trace = tmp_path / "t.json"
     trace.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1, '
                      '"args": {"device": 0, "stream": 7, "correlation": 1}}]}')
+    _imported_by(["run", "--trace", str(trace), "--format", "json"])  # fills the packaged-YAML cache if empty
     mods = _imported_by(["run", "--trace", str(trace), "--format", "json"])
     assert "pandas" in mods and "diagnose.analyzers" in mods  # the probe ran the analysis
+    assert "yaml" not in mods  # rules and tables read back from the cache (diagnose.yamlio)
     assert [m for m in mods if m.split(".")[0] in ("plotly", "dash", "jinja2")] == []
     assert [m for m in mods if m.startswith(("rich.table", "diagnose.report.terminal"))] == []
     assert "pyarrow" not in mods  # pandas is imported without it (cliutil._PandasWithoutArrow)

@@ -17,13 +17,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-import yaml
 
 from diagnose.engine.condition import compile_condition, compile_expression, mangle
 from diagnose.engine.errors import RuleError
 from diagnose.errors import DiagnoseError
 from diagnose.inputs import finite_number, read_text_file
-from diagnose.yamlio import MAX_USER_YAML_BYTES, load_user_yaml, load_yaml
+from diagnose.yamlio import MAX_USER_YAML_BYTES, is_yaml_error, load_user_yaml, load_yaml
 
 Number = int | float
 
@@ -369,7 +368,9 @@ def parse_yaml(text: str, where: str, user: bool = True) -> Any:
     """
     try:
         return load_user_yaml(text) if user else load_yaml(text)
-    except yaml.YAMLError as e:
+    except Exception as e:  # noqa: BLE001 - PyYAML's errors (imported only when a file is parsed)
+        if not is_yaml_error(e):
+            raise
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise RuleError(f"rules file {where}: not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
