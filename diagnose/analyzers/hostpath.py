@@ -289,7 +289,8 @@ class HostPieces:
         owner: the stretch (index into the stretches classified) a piece belongs to.
         t0, t1: the piece's bounds; cause: a host cause; activity: one of :data:`ACTIVITIES`;
         name: the innermost host event's name ("" when untracked); frame: the program frame
-        ("" when none).
+        ("" when none); kcode, ktable: per piece, a code of its (frame, cause, activity) and
+        the triples the codes index (None: :meth:`keys` finds them from the strings).
     """
 
     owner: np.ndarray
@@ -299,12 +300,14 @@ class HostPieces:
     activity: np.ndarray
     name: np.ndarray
     frame: np.ndarray
+    kcode: np.ndarray | None = None
+    ktable: list | None = None
 
     @classmethod
     def empty(cls) -> "HostPieces":
         z = np.zeros(0, dtype=np.int64)
         o = np.zeros(0, dtype=object)
-        return cls(z, z, z, o, o, o, o)
+        return cls(z, z, z, o, o, o, o, z, [])
 
     @classmethod
     def concat(cls, parts: list["HostPieces"]) -> "HostPieces":
@@ -313,10 +316,20 @@ class HostPieces:
             return cls.empty()
         cols = [np.concatenate([getattr(p, f) for p in parts]) for f in ("owner", "t0", "t1", "cause", "activity", "name", "frame")]
         o = np.lexsort((cols[1], cols[0]))
-        return cls(*(c[o] for c in cols))
+        kcode, ktable = None, None
+        if all(p.kcode is not None for p in parts):  # the parts' triple codes, made one table's
+            ids: dict[tuple, int] = {}
+            kcode = np.concatenate([np.array([ids.setdefault(t, len(ids)) for t in p.ktable] + [0], dtype=np.int64)[p.kcode]
+                                    for p in parts])[o]
+            ktable = list(ids)
+        return cls(*(c[o] for c in cols), kcode, ktable)
 
     def keys(self) -> tuple[np.ndarray, list[tuple[str, str, str]]]:
-        """(per piece, a code of its (frame, cause, activity); the triples the codes index)."""
+        """(per piece, a code of its (frame, cause, activity), in first-seen order; the triples
+        the codes index)."""
+        if self.kcode is not None:
+            key, first = pd_factorize(self.kcode)
+            return key, [self.ktable[x] for x in np.asarray(first, dtype=np.int64).tolist()]
         codes, uniqs = [], []
         for col in (self.frame, self.cause, self.activity):
             c, u = pd_factorize(col)
@@ -463,9 +476,15 @@ class _Nesting:
                    | (name_code[1:] != name_code[:-1]) | (frame_code[1:] != frame_code[:-1]))
         first = np.flatnonzero(new)
         end = np.concatenate((first[1:], [len(own)])) - 1
+        fc, cc, ac = frame_code[first], ccode[first], act[first].astype(np.int64)
+        nc, na = max(len(cnames), 1), len(ACTIVITIES)
+        kcode, kint = pd_factorize(((fc + 1) * nc + cc) * na + ac)  # one code per (frame, cause, activity)
+        kint = np.asarray(kint, dtype=np.int64)
+        ktable = [(self.names[f - 1], cnames[c], ACTIVITIES[a])
+                  for f, c, a in zip((kint // (nc * na)).tolist(), ((kint // na) % nc).tolist(), (kint % na).tolist())]
         return HostPieces(owner[own[first]], x0[first], x1[end], cnames[ccode[first]],
                           np.array(ACTIVITIES, dtype=object)[act[first]], self.names[name_code[first]],
-                          self.names[frame_code[first]])
+                          self.names[frame_code[first]], kcode, ktable)
 
     def _innermost(self, t: np.ndarray) -> np.ndarray:
         """Index of the innermost event open at each instant (-1 none): the last one started
