@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     from diagnose.trace.reading import Prefetch, sniff
 
     prefetch = Prefetch(str(args.trace)) if sniff(str(args.trace)) == "kineto" else None
+    if prefetch is not None and args.workers is None:  # as `diagnose run`: workers decode while the rest imports
+        from diagnose.trace.kineto import start_prefetched
+
+        start_prefetched(prefetch)
     from diagnose.analyzers import analyze
     from diagnose.engine import load_ruleset
     from diagnose.pipeline import attach_verdicts
@@ -54,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     from diagnose.trace.load import load_trace
 
     ruleset = load_ruleset()
-    t, c = _stage(stages, "imports (+ rules), read overlapped", t, c)
+    t, c = _stage(stages, "read; imports (+ rules) while the workers decode", t, c)
     trace = load_trace(str(args.trace), prefetch=prefetch, workers=args.workers)
-    t, c = _stage(stages, "load (this process)", t, c)
+    t, c = _stage(stages, "load: rest of the wait, merge (this process)", t, c)
     analysis = analyze(trace)
     t, c = _stage(stages, "analyze", t, c)
     attach_verdicts(analysis, ruleset)
