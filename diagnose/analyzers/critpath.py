@@ -405,7 +405,11 @@ def path_record(p: Path, t0_ns: int, top: int = TOP_SEGMENTS) -> CriticalPath:
     """The report's record of a path (times from the trace start ``t0_ns``): its kinds, the
     host time by cause, the HTA-comparable length and its ``top`` longest segments."""
     d = p.dur
-    pick = np.sort(np.argsort(-d, kind="stable")[:top])
+    if len(d) > top:  # the ``top`` longest (ties: the earlier), as a stable argsort's first ``top``
+        cand = np.flatnonzero(d >= np.partition(d, len(d) - top)[len(d) - top])
+        pick = np.sort(cand[np.argsort(-d[cand], kind="stable")[:top]])
+    else:
+        pick = np.arange(len(d))
     segs = [PathSegment(start_ms=_ms(p.t0[j] - t0_ns), duration_ms=_ms(d[j]), kind=PATH_KINDS[int(p.kind[j])],
                         cause=p.cause[j], activity=p.activity[j], name=str(p.name[j])[:200],
                         frame=None if p.frame[j] is None else str(p.frame[j])[:200]) for j in pick.tolist()]

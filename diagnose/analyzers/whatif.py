@@ -28,9 +28,11 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from pandas import unique as pd_unique
 
 from diagnose.analyzers import depgraph as D
 from diagnose.analyzers.hostpath import DEFAULT_CAUSE, cause_timeline, path_causes
+from diagnose.analyzers.nesting import sorted_unique
 from diagnose.errors import DiagnoseError
 from diagnose.patterns import check_pattern, clip, outside_pattern
 from diagnose.vocab import CATEGORIES, EXTERNAL_CAUSES, GAP_CAUSES
@@ -174,7 +176,7 @@ def _removal(g: D.DepGraph, sc: Scenario) -> _Removal:
         if "switch" in plain_causes:
             lag |= (g.bind == D.BIND_STREAM) & ~same
     r = _Removal(op_removed, lag, "host_blocked" in plain_causes)
-    tids = set(np.unique(g.rt_tid).tolist()) | {t for t, _, _ in sc.host}
+    tids = set(pd_unique(g.rt_tid).tolist()) | {t for t, _, _ in sc.host}
     if causes or sc.host:
         for tid in tids:
             s, e = _host_removed(g, int(tid), sc)
@@ -271,7 +273,7 @@ def _intersect(a0, a1, b0, b1) -> tuple[np.ndarray, np.ndarray]:
     """Intersection of two sets of disjoint sorted intervals."""
     if not len(a0) or not len(b0):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    pts = np.unique(np.concatenate((a0, a1, b0, b1)))
+    pts = sorted_unique(np.concatenate((a0, a1, b0, b1)))
     x0, x1 = pts[:-1], pts[1:]
     mid = x0 + (x1 - x0) // 2
 
@@ -296,7 +298,7 @@ class _Chains:
         for _t, (_e, calls, rels) in g.blocking.items():
             rel[calls] = rels
             rows.append(calls)
-        rows = np.unique(np.concatenate(rows)) if rows else np.zeros(0, np.int64)
+        rows = sorted_unique(np.concatenate(rows)) if rows else np.zeros(0, np.int64)
         o = np.lexsort((rows, g.rt_start[rows]))
         self.row = rows[o]
         self.start, self.end, self.tid = g.rt_start[self.row], g.rt_end[self.row], g.rt_tid[self.row]
