@@ -59,10 +59,10 @@ import msgspec
 from diagnose.errors import TraceFormatError
 from diagnose.trace.kineto_columns import _Columns
 from diagnose.trace.kineto_events import _any_dec, _as_int, _decode_lenient, _Event, _StrictEvent
+from diagnose.trace.reading import read_bytes_partial
 
 if TYPE_CHECKING:  # pandas: imported by the main process once it builds the frames (see start_decode)
     from diagnose.trace.model import DeviceInfo, Trace
-from diagnose.trace.reading import read_bytes_partial
 
 
 _raw_items_dec = msgspec.json.Decoder(list[msgspec.Raw])
