@@ -689,7 +689,7 @@ def start_decode(buf: bytes | bytearray | None, gz_cut: str | None = None) -> St
     unusual document, one worker, or any error (the load then does everything itself).
 
     The command line calls this after the read and before it imports pandas and the
-    analyzers, which then import while the workers decode (on two cores: about 0.4 s of the
+    analyzers, which then import while the workers decode (on two cores: about 0.5 s of the
     ~4 s a 255 MB trace takes). This module and what the workers run import no pandas.
     """
     try:
@@ -731,7 +731,7 @@ def _load_chunked(path: str, buf: bytes, progress=None, workers: int | None = No
         if not plan.ok:
             return None
     src, slices, base_ns, lb, rb = plan.src, plan.slices, plan.base_ns, plan.lb, plan.rb
-    n_workers = max(1, min(workers or workers_default(), len(slices)))
+    n_workers = 1 if forked is not None else max(1, min(workers or workers_default(), len(slices)))
     if n_workers > 1 and threading.active_count() > 1:
         n_workers = 1  # never fork while other threads run
     total = rb - lb
