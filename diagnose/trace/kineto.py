@@ -59,6 +59,7 @@ import msgspec
 from diagnose.errors import TraceFormatError
 from diagnose.trace.kineto_columns import _Columns
 from diagnose.trace.kineto_events import _any_dec, _as_int, _decode_lenient, _Event, _StrictEvent
+from diagnose.trace import hugepages
 from diagnose.trace.reading import read_bytes_partial
 
 if TYPE_CHECKING:  # pandas: imported by the main process once it builds the frames (see start_decode)
@@ -470,7 +471,8 @@ def _decode_slices(src: memoryview, slices: list[tuple[int, int]], base_ns: int,
     them there and never pays for freeing them (~10 % of its time).
 
     Each slice is copied between brackets into one buffer reused for every slice (a fresh
-    32 MiB copy per slice would cost its page faults again each time: ~8k per slice). The
+    32 MiB copy per slice would cost its page faults again each time: ~8k per slice; the
+    buffer is on huge pages, :func:`diagnose.trace.hugepages.buffer`). The
     raw arguments a slice's events point into are copied out by :meth:`_Columns.add` before
     the next slice overwrites the buffer.
 
@@ -478,11 +480,10 @@ def _decode_slices(src: memoryview, slices: list[tuple[int, int]], base_ns: int,
         _ChunkFailed: a slice is not a valid JSON list of events.
     """
     cols = _Columns(base_ns)
-    room = bytearray(max((end - start for start, end in slices), default=0) + 2)
-    view = memoryview(room)
+    view = memoryview(hugepages.buffer(max((end - start for start, end in slices), default=0) + 2))
     for start, end in slices:
         n = end - start
-        room[0], room[n + 1] = 0x5B, 0x5D  # "[" ... "]"
+        view[0], view[n + 1] = 0x5B, 0x5D  # "[" ... "]"
         view[1:n + 1] = src[start:end]
         try:
             events, strict = _decode_slice(view[:n + 2])
