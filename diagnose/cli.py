@@ -191,6 +191,27 @@ def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: s
     device name, or --gpu / --peak-tflops / --bandwidth-tbps) and, for bytes, the model config
     (from trace metadata written by `diagnose collect`, or --model-config).
     """
+    import gc
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(_GC_YOUNG_OBJECTS, *threshold[1:])
+    try:
+        _run(trace_paths, trace_dir, executor, scheduler, fmt, phase_alias, out_path, html_path, show_layers, full, shared)
+    finally:
+        gc.set_threshold(*threshold)
+
+
+#: Container objects allocated between two collections of the youngest generation during
+#: `run` (CPython's default is 700). A large trace's load and analysis allocate millions
+#: (the decoded events' lists, pandas' frames and indexes) that live until the report: at
+#: 700, 170 collections walked them, 0.04-0.1 s of a 255 MB trace's 4 s run; at 20,000, six
+#: (benchmarks/README.md). Cycles of garbage wait longer for their collection, a few MB.
+_GC_YOUNG_OBJECTS = 20_000
+
+
+def _run(trace_paths: tuple[str, ...], trace_dir: str | None, executor: str, scheduler: str | None, fmt: str,
+         phase_alias: tuple[str, ...], out_path: str | None, html_path: str | None, show_layers: bool, full: bool,
+         shared: dict) -> None:
     from diagnose.archive import is_archive
 
     archives = any(is_archive(p) for p in trace_paths)

@@ -799,3 +799,30 @@ def test_cli_subcommand_help(cmd, expect):
     assert r.exit_code == 0, r.output
     assert r.output.startswith("Usage: ") and f" {cmd[0]} " in r.output.splitlines()[0]
     assert expect in r.output
+
+
+@pytest.mark.parametrize("sep", [None, b","])
+def test_op_arguments_read_together_equal_field_by_field(sep, monkeypatch):
+    """``_Raw.raw_args`` (an op's dims, types and concrete inputs joined into one key) gives
+    each field's values as ``raw_arg`` does; a separator found inside a value (forced here with
+    ",") takes the field-by-field path."""
+    from diagnose.trace import kineto_columns as kc
+
+    path = shared_trace("hta/trace_diff/control.json.gz")
+    buf, _ = read_bytes_partial(str(path))
+    top, lb, rb = loader._locate_events(buf)
+    events, strict = loader._decode_slice(buf[lb:rb + 1])
+    assert strict
+    ops = kc._group(events, strict)[0]["op"]
+    raw = kc._Raw(ops, strict)
+    if sep is not None:
+        monkeypatch.setattr(kc, "_RAW_SEP", sep)
+    fields = ("input_dims", "input_types", "concrete_inputs")
+    together = raw.raw_args(fields)
+    for field, got in zip(fields, together):
+        want = raw.raw_arg(field)
+        assert got.uniques.tolist() == want.uniques.tolist()
+        assert (got.codes == want.codes).all() and got.codes.dtype == want.codes.dtype
+    dims = together[0]
+    assert len(ops) == 40506 and len(dims.uniques) == 1217
+    assert dims.uniques[dims.codes[5]] == b"[[], [], [], [], []]"

@@ -175,3 +175,30 @@ def test_large_file_workers_fork_before_pandas_imports():
     assert seen == [False]  # one early start, before pandas
     lib = CliRunner().invoke(main, ["run", "--trace", str(path), "--format", "json"])
     assert out.stdout == lib.output
+
+
+def test_run_collects_young_objects_less_often_then_restores(monkeypatch):
+    """`run` raises the youngest generation's gc threshold for the command (a large trace's
+    millions of long-lived containers were walked 170 times at CPython's 700) and restores it."""
+    import gc
+
+    import diagnose.cli as cli
+    import diagnose.pipeline as pipeline
+    from conftest import ROOT
+
+    seen = []
+    real = pipeline.diagnose_trace
+
+    def spy(*a, **k):
+        seen.append(gc.get_threshold())
+        return real(*a, **k)
+
+    monkeypatch.setattr(pipeline, "diagnose_trace", spy)
+    before = gc.get_threshold()
+    sample = str(ROOT / "samples/tracelens/torch_compile_prefill_mi300x.json.gz")
+    result = CliRunner().invoke(main, ["run", "--trace", sample, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert seen == [(20_000, *before[1:])] and cli._GC_YOUNG_OBJECTS == 20_000
+    assert gc.get_threshold() == before
+    result = CliRunner().invoke(main, ["run", "--trace", str(ROOT / "no-such-file.json")])
+    assert result.exit_code == 2 and gc.get_threshold() == before

@@ -310,6 +310,25 @@ class _Raw:
             vals = [None if a is None else bytes(get(a)) or None for a in self._args]
         return _code(vals)
 
+    def raw_args(self, fields: tuple[str, ...]) -> list[_Coded]:
+        """:meth:`raw_arg` of each of ``fields``, read together: each event's values joined into
+        one key (``_RAW_SEP`` between them, in C), the keys factorized, then the few distinct
+        keys split back into each field's values (an op's dims, types and concrete inputs repeat
+        together: one copy and one hash per op instead of three). Field by field when a key
+        does not split into ``len(fields)`` parts (a separator inside a value)."""
+        if not self.strict or not self.n:
+            return [self.raw_arg(f) for f in fields]
+        keys = list(map(_RAW_SEP.join, zip(*(map(operator.attrgetter(f), self._args) for f in fields))))
+        codes, uniques = factorize_values(keys)
+        parts = [u.split(_RAW_SEP) for u in uniques.tolist()]
+        if any(len(p) != len(fields) for p in parts):
+            return [self.raw_arg(f) for f in fields]
+        out = []
+        for k in range(len(fields)):
+            field_codes, field_uniques = factorize_values([p[k] or None for p in parts])
+            out.append(_Coded(field_codes[codes].astype(np.int32), field_uniques))
+        return out
+
     def times(self, base_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         keep, start, end = _times(self.ts, self.dur, base_ns)
         if self.strings is not None:  # numeric strings: their exact values replace the float ones
@@ -329,6 +348,9 @@ class _Raw:
 
 
 _NAN = float("nan")
+
+
+_RAW_SEP = b"\x01"  # a control character: JSON text holds it only escaped (checked on split)
 
 
 MAX_TS_US = 4e15  # ~year 2096 in epoch µs: anything larger cannot be a timestamp
@@ -515,9 +537,9 @@ class _Columns:
         r = raws.get("op")
         if r is not None:
             keep, start, end = r.times(base_ns)
+            dims, types, concrete = r.raw_args(("input_dims", "input_types", "concrete_inputs"))
             d = {"name": r.names(), "start_ns": start, "end_ns": end, "external_id": r.external_id(), "tid": r.tid(),
-                 "input_dims": r.raw_arg("input_dims"), "input_types": r.raw_arg("input_types"),
-                 "concrete_inputs": r.raw_arg("concrete_inputs")}
+                 "input_dims": dims, "input_types": types, "concrete_inputs": concrete}
             self._keep("op", d, keep, r)
         for bucket, scope in (("ann_cpu", "cpu"), ("ann_gpu", "gpu")):
             r = raws.get(bucket)
