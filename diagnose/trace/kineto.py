@@ -361,7 +361,12 @@ def _build(path: str, events: list, metadata: dict[str, Any], legacy: bool,
     return trace
 
 
-CHUNK_BYTES = 32 * 2**20
+#: Bytes of JSON per slice of a large document. Small enough that one slice's decoded events
+#: (~1.5x its bytes) stay in the CPU's caches while their columns are read and that the memory
+#: freed after a slice serves the next one (32 MiB slices: 83,000 page faults in the workers of
+#: a 255 MB trace, 2.3 s of CPU; 4 MiB: 28,000 and 1.85 s; benchmarks/README.md); large enough
+#: that the per-slice work (grouping, one set of column arrays) stays small (2 MiB: slower).
+CHUNK_BYTES = 4 * 2**20
 
 
 CHUNKED_MIN_BYTES = 64 * 2**20
@@ -463,18 +468,14 @@ def _slices(buf: memoryview, lb: int, rb: int) -> list[tuple[int, int]]:
     return out
 
 
-def _decode_slices(src: memoryview, slices: list[tuple[int, int]], base_ns: int, progress=None,
-                   keep: list | None = None, keep_below: int = 0) -> _Columns:
+def _decode_slices(src: memoryview, slices: list[tuple[int, int]], base_ns: int, progress=None) -> _Columns:
     """Decode each slice of ``src`` into one :class:`_Columns`; ``progress(end, 0)`` after each.
-    Decoded events are freed slice by slice, unless ``keep`` is given and this process's
-    resident set is under ``keep_below`` bytes: a forked child that exits right after keeps
-    them there and never pays for freeing them (~10 % of its time).
+    Decoded events are freed slice by slice (their memory then holds the next slice's).
 
-    Each slice is copied between brackets into one buffer reused for every slice (a fresh
-    32 MiB copy per slice would cost its page faults again each time: ~8k per slice; the
-    buffer is on huge pages, :func:`diagnose.trace.hugepages.buffer`). The
-    raw arguments a slice's events point into are copied out by :meth:`_Columns.add` before
-    the next slice overwrites the buffer.
+    Each slice is copied between brackets into one buffer reused for every slice (on huge
+    pages when slices are large, :func:`diagnose.trace.hugepages.buffer`). The raw arguments
+    a slice's events point into are copied out by :meth:`_Columns.add` before the next slice
+    overwrites the buffer.
 
     Raises:
         _ChunkFailed: a slice is not a valid JSON list of events.
@@ -490,21 +491,10 @@ def _decode_slices(src: memoryview, slices: list[tuple[int, int]], base_ns: int,
         except (msgspec.DecodeError, UnicodeDecodeError):
             raise _ChunkFailed from None
         cols.add(events, strict)
-        if keep is not None and _rss_bytes() < keep_below:
-            keep.append(events)
         del events
         if progress is not None:
             progress(end, 0)
     return cols
-
-
-def _rss_bytes() -> int:
-    """This process's resident set size (Linux /proc; 0 elsewhere)."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * mmap.PAGESIZE
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def workers_default() -> int:
@@ -545,14 +535,10 @@ def _fork_decode(src: memoryview, slices: list[tuple[int, int]], base_ns: int, d
         try:
             _die_with_parent(parent)
             os.close(r)
-            keep: list = []
-
             def progress(end: int, _total: int) -> None:
                 struct.pack_into("q", done, 8 * slot, end - slices[0][0])
 
-            # keep decoded events (never freed: the child exits) up to half the bytes of its share
-            budget = sum(e - s for s, e in slices) // 2
-            cols = _decode_slices(src, slices, base_ns, progress, keep, _rss_bytes() + budget)
+            cols = _decode_slices(src, slices, base_ns, progress)
             data = pickle.dumps(cols.state(), protocol=pickle.HIGHEST_PROTOCOL)
             with os.fdopen(w, "wb") as f:
                 f.write(data)
@@ -718,7 +704,7 @@ def start_prefetched(prefetch) -> None:
 
 def _load_chunked(path: str, buf: bytes, progress=None, workers: int | None = None,
                   started: StartedDecode | None = None) -> Trace | None:
-    """Decode ``traceEvents`` in ~32 MiB slices cut at ``},{`` boundaries, on ``workers``
+    """Decode ``traceEvents`` in ~4 MiB slices (:data:`CHUNK_BYTES`) cut at ``},{`` boundaries, on ``workers``
     processes (forked, sharing the decompressed document; see :func:`workers_default`), or
     collect the workers :func:`start_decode` started on ``buf`` (``started``).
     Each slice's decode validates its cut. Returns None (the caller falls back to the
