@@ -826,3 +826,20 @@ def test_op_arguments_read_together_equal_field_by_field(sep, monkeypatch):
     dims = together[0]
     assert len(ops) == 40506 and len(dims.uniques) == 1217
     assert dims.uniques[dims.codes[5]] == b"[[], [], [], [], []]"
+
+
+def test_coded_columns_merge_in_first_seen_order():
+    """Parts of a coded column (one per slice) merge into one: distinct values in first-seen
+    order over the parts, None a value like any other, each row's value kept."""
+    import numpy as np
+
+    from diagnose.trace.kineto_columns import _code, _concat_coded
+
+    parts = [["b", None, "a", "b"], [], ["c", "a", None], ["a"]]
+    got = _concat_coded([_code(p) for p in parts])
+    assert got.uniques.tolist() == ["b", None, "a", "c"]
+    assert got.codes.dtype == np.int32 and got.codes.tolist() == [0, 1, 2, 0, 3, 2, 1, 2]
+    assert got.uniques[got.codes].tolist() == [v for p in parts for v in p]
+    raw = [[b"[[1]]", b"[]"], [b"[]", b"[[2, 3]]"]]
+    got = _concat_coded([_code(p) for p in raw])
+    assert got.uniques.tolist() == [b"[[1]]", b"[]", b"[[2, 3]]"] and got.codes.tolist() == [0, 1, 1, 2]

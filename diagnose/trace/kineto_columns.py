@@ -426,12 +426,16 @@ def _concat_coded(parts: list[_Coded]) -> _Coded:
     """One coded column from parts (in order), their distinct values merged."""
     if len(parts) == 1:
         return parts[0]
-    canon: dict[Any, int] = {}
+    # every part's distinct values factorized together (first-seen order), in C
+    remaps, uniques = factorize_values(np.concatenate([u for _, u in parts]))
+    remaps = remaps.astype(np.int32)
     out = []
-    for codes, uniques in parts:
-        remap = np.fromiter((canon.setdefault(v, len(canon)) for v in uniques.tolist()), np.int32, len(uniques))
+    at = 0
+    for codes, u in parts:
+        remap = remaps[at:at + len(u)]
+        at += len(u)
         out.append(remap[codes] if len(codes) else np.zeros(0, np.int32))
-    return _Coded(np.concatenate(out), np.fromiter(canon, dtype=object, count=len(canon)))
+    return _Coded(np.concatenate(out), uniques)
 
 
 def _used(c: _Coded) -> list:
