@@ -596,8 +596,10 @@ class _Columns:
     def state(self) -> dict:
         """Everything accumulated, as picklable data (sent back by forked workers). Text
         columns travel as they are kept, coded (:class:`_Coded`): pickling a million
-        ``str`` objects would cost more than decoding them."""
-        return {"parts": self.parts, "n": self.n, "pyfunc_by_rank": self.pyfunc_by_rank, "be": self.be}
+        ``str`` objects would cost more than decoding them. Each part's slices are
+        concatenated first (in the worker: one array per column travels, not one per slice)."""
+        parts = {k: [_concat(v)] if len(v) > 1 else v for k, v in self.parts.items()}
+        return {"parts": parts, "n": self.n, "pyfunc_by_rank": self.pyfunc_by_rank, "be": self.be}
 
     def merge(self, state: dict) -> None:
         """Append another instance's :meth:`state` (its events come after this one's)."""
