@@ -50,16 +50,6 @@ def test_filled_bytes_declines_small_sizes_and_short_fills():
         assert hugepages.filled_bytes(hugepages.MIN_BYTES, lambda v: len(v) - 1) is None
 
 
-def test_buffer_is_writable_and_sized():
-    for size in (10, hugepages.MIN_BYTES + 3):
-        buf = hugepages.buffer(size)
-        view = memoryview(buf)
-        assert len(view) == size and not view.readonly
-        view[0], view[size - 1] = 0x5B, 0x5D
-        assert bytes(view[:1]) == b"[" and bytes(view[-1:]) == b"]"
-        view.release()
-
-
 @linux
 def test_large_gzip_inflates_on_huge_pages_to_the_same_bytes(big, tmp_path):
     doc, gz = big

@@ -1,5 +1,4 @@
-"""Large buffers on transparent huge pages (Linux), for the decompressed document of a large
-trace and the decode workers' slice buffer.
+"""Large buffers on transparent huge pages (Linux): the decompressed document of a large trace.
 
 Touching fresh memory costs one page fault per 4 KiB page. On a virtual machine a fault is
 expensive: inflating a 255 MB document into a plain ``bytes`` took 62,000 faults and about
@@ -78,21 +77,3 @@ def filled_bytes(size: int, fill: Callable[[memoryview], int]) -> bytes | None:
         view.release()
     # never hashed nor shared before this point: writing into it was the construction
     return out if done == size else None
-
-
-def buffer(size: int) -> bytearray | mmap.mmap:
-    """A writable buffer of ``size`` bytes (contents undefined): private anonymous memory on
-    huge pages from :data:`MIN_BYTES` on Linux, else a ``bytearray``."""
-    if size >= MIN_BYTES and sys.platform.startswith("linux") and hasattr(mmap, "MAP_PRIVATE"):
-        try:
-            m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        except (OSError, ValueError):
-            return bytearray(size)
-        try:
-            if hasattr(mmap, "MADV_HUGEPAGE"):
-                m.madvise(mmap.MADV_HUGEPAGE)
-            m.madvise(_MADV_POPULATE_WRITE)
-        except (OSError, ValueError):
-            pass
-        return m
-    return bytearray(size)

@@ -59,7 +59,6 @@ import msgspec
 from diagnose.errors import TraceFormatError
 from diagnose.trace.kineto_columns import _Columns
 from diagnose.trace.kineto_events import _any_dec, _as_int, _decode_lenient, _Event, _StrictEvent
-from diagnose.trace import hugepages
 from diagnose.trace.reading import read_bytes_partial
 
 if TYPE_CHECKING:  # pandas: imported by the main process once it builds the frames (see start_decode)
@@ -472,16 +471,15 @@ def _decode_slices(src: memoryview, slices: list[tuple[int, int]], base_ns: int,
     """Decode each slice of ``src`` into one :class:`_Columns`; ``progress(end, 0)`` after each.
     Decoded events are freed slice by slice (their memory then holds the next slice's).
 
-    Each slice is copied between brackets into one buffer reused for every slice (on huge
-    pages when slices are large, :func:`diagnose.trace.hugepages.buffer`). The raw arguments
-    a slice's events point into are copied out by :meth:`_Columns.add` before the next slice
-    overwrites the buffer.
+    Each slice is copied between brackets into one buffer reused for every slice. The raw
+    arguments a slice's events point into are copied out by :meth:`_Columns.add` before the
+    next slice overwrites the buffer.
 
     Raises:
         _ChunkFailed: a slice is not a valid JSON list of events.
     """
     cols = _Columns(base_ns)
-    view = memoryview(hugepages.buffer(max((end - start for start, end in slices), default=0) + 2))
+    view = memoryview(bytearray(max((end - start for start, end in slices), default=0) + 2))
     for start, end in slices:
         n = end - start
         view[0], view[n + 1] = 0x5B, 0x5D  # "[" ... "]"
@@ -535,6 +533,7 @@ def _fork_decode(src: memoryview, slices: list[tuple[int, int]], base_ns: int, d
         try:
             _die_with_parent(parent)
             os.close(r)
+
             def progress(end: int, _total: int) -> None:
                 struct.pack_into("q", done, 8 * slot, end - slices[0][0])
 
@@ -704,8 +703,9 @@ def start_prefetched(prefetch) -> None:
 
 def _load_chunked(path: str, buf: bytes, progress=None, workers: int | None = None,
                   started: StartedDecode | None = None) -> Trace | None:
-    """Decode ``traceEvents`` in ~4 MiB slices (:data:`CHUNK_BYTES`) cut at ``},{`` boundaries, on ``workers``
-    processes (forked, sharing the decompressed document; see :func:`workers_default`), or
+    """Decode ``traceEvents`` in ~4 MiB slices (:data:`CHUNK_BYTES`) cut at ``},{`` boundaries,
+    on ``workers`` processes (forked, sharing the decompressed document; see
+    :func:`workers_default`), or
     collect the workers :func:`start_decode` started on ``buf`` (``started``).
     Each slice's decode validates its cut. Returns None (the caller falls back to the
     whole-document path) when the document or any slice does not decode cleanly."""
