@@ -22,7 +22,7 @@ import zlib
 from diagnose.errors import TraceFormatError
 from diagnose.trace import hugepages
 
-try:  # ISA-L: the same inflate, faster than zlib (see _gunzip_isal); stdlib gzip without it
+try:  # ISA-L: the same inflate, faster than zlib (_inflate, _inflate_huge); zlib without it
     from isal import isal_zlib
 except ImportError:  # pragma: no cover
     isal_zlib = None
