@@ -320,12 +320,15 @@ class _Raw:
             return [self.raw_arg(f) for f in fields]
         keys = list(map(_RAW_SEP.join, zip(*(map(operator.attrgetter(f), self._args) for f in fields))))
         codes, uniques = factorize_values(keys)
-        parts = [u.split(_RAW_SEP) for u in uniques.tolist()]
-        if any(len(p) != len(fields) for p in parts):
+        distinct = uniques.tolist()
+        # each key holds exactly len(fields) - 1 separators unless a value holds one too:
+        # counted over all keys at once, in C
+        if b"".join(distinct).count(_RAW_SEP) != (len(fields) - 1) * len(distinct):
             return [self.raw_arg(f) for f in fields]
         out = []
-        for k in range(len(fields)):
-            field_codes, field_uniques = factorize_values([p[k] or None for p in parts])
+        for values in zip(*map(operator.methodcaller("split", _RAW_SEP), distinct)):  # per field, in C
+            field_codes, field_uniques = factorize_values(values)
+            field_uniques[field_uniques == b""] = None  # absent (an empty Raw)
             out.append(_Coded(field_codes[codes].astype(np.int32), field_uniques))
         return out
 
