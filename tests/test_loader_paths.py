@@ -492,6 +492,25 @@ def test_child_failure_is_redone_in_parent(kineto, monkeypatch, fork_allowed, tm
     _check_synthetic(three)
 
 
+def test_worker_columns_travel_out_of_band_and_a_cut_stream_is_none(kineto):
+    """A worker's columns state goes through the pipe as a pickle plus each array's bytes
+    (:func:`_send`), and comes back equal (:func:`_receive`); a stream cut anywhere gives None
+    (the parent then decodes that share itself)."""
+    import io
+
+    buf = _synthetic_buf(kineto)
+    plan = loader._Plan(buf)
+    state = loader._decode_slices(plan.src, plan.slices, plan.base_ns).state()
+    out = io.BytesIO()
+    loader._send(out, state)
+    data = out.getvalue()
+    assert len(data) < len(pickle.dumps(state, protocol=5)) + 8 * 64
+    back = loader._receive(io.BytesIO(data))
+    assert pickle.dumps(back, protocol=5) == pickle.dumps(state, protocol=5)
+    for cut in (0, 4, 8, 20, len(data) // 2, len(data) - 1):
+        assert loader._receive(io.BytesIO(data[:cut])) is None
+
+
 def test_cut_inside_a_string_falls_back(kineto, monkeypatch, fork_allowed):
     b = _synthetic(kineto)
     next(e for e in b.events if e["name"] == "kernel_25")["name"] = "a},{b"
