@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from contextlib import ExitStack
 
 import click
 
@@ -20,8 +21,6 @@ from diagnose.errors import DiagnoseError, install_hint
 
 def _run_fleet(paths, trace_dir, executor, scheduler, fmt, out_path, options, ruleset) -> None:
     """Several traces (repeated --trace, --trace-dir, a tar archive of traces) as one fleet."""
-    from contextlib import ExitStack
-
     from diagnose.archive import archive_traces, is_archive
     from diagnose.multi import analyze_many, discover_with_skipped, relabel, sort_by_rank
 
@@ -196,7 +195,9 @@ def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: s
     threshold = gc.get_threshold()
     gc.set_threshold(_GC_YOUNG_OBJECTS, *threshold[1:])
     try:
-        _run(trace_paths, trace_dir, executor, scheduler, fmt, phase_alias, out_path, html_path, show_layers, full, shared)
+        with ExitStack() as stack:  # what _run sets for the command's duration
+            _run(trace_paths, trace_dir, executor, scheduler, fmt, phase_alias, out_path, html_path, show_layers, full,
+                 shared, stack)
     finally:
         gc.set_threshold(*threshold)
 
@@ -211,12 +212,17 @@ _GC_YOUNG_OBJECTS = 20_000
 
 def _run(trace_paths: tuple[str, ...], trace_dir: str | None, executor: str, scheduler: str | None, fmt: str,
          phase_alias: tuple[str, ...], out_path: str | None, html_path: str | None, show_layers: bool, full: bool,
-         shared: dict) -> None:
+         shared: dict, stack: ExitStack) -> None:
     from diagnose.archive import is_archive
 
     archives = any(is_archive(p) for p in trace_paths)
     if len(trace_paths) == 1 and not trace_dir and not scheduler and not archives:
+        from diagnose.trace.memory import freed_memory_reused
         from diagnose.trace.reading import Prefetch, sniff
+
+        # one trace, in this process: the memory of the document, freed once decoded, is
+        # what the analysis allocates next (no page faults)
+        stack.enter_context(freed_memory_reused())
 
         try:  # read and gunzip while the analysis modules import (errors surface in the load)
             prefetch = Prefetch(trace_paths[0]) if sniff(trace_paths[0]) == "kineto" else None

@@ -20,9 +20,9 @@ import threading
 import zlib
 
 from diagnose.errors import TraceFormatError
-from diagnose.trace import hugepages
+from diagnose.trace import memory
 
-try:  # ISA-L: the same inflate, faster than zlib (_inflate, _inflate_huge); zlib without it
+try:  # ISA-L: the same inflate, faster than zlib (_inflate, _inflate_large); zlib without it
     from isal import isal_zlib
 except ImportError:  # pragma: no cover
     isal_zlib = None
@@ -136,14 +136,14 @@ def _inflate(raw: bytes, decompressobj, limit: int | None) -> tuple[list[bytes],
             return parts, False
 
 
-def _inflate_huge(raw: bytes, limit: int | None) -> bytes | None:
-    """A large single-member gzip file inflated with ISA-L straight into a ``bytes`` on huge
-    pages (:func:`diagnose.trace.hugepages.filled_bytes`: half the system time of a 255 MB
-    inflate); None (the caller inflates as usual, and classifies any error) unless the gzip
+def _inflate_large(raw: bytes, limit: int | None) -> bytes | None:
+    """A large single-member gzip file inflated with ISA-L straight into a ``bytes`` whose
+    pages are mapped at once (:func:`diagnose.trace.memory.filled_bytes`: no page fault per
+    4 KiB written, no copy of a growing buffer); None (the caller inflates as usual, and classifies any error) unless the gzip
     trailer's size field is exactly the size inflated and the stream then ends cleanly, CRC
     checked: a file of several members, over 4 GiB, cut, corrupt or beyond ``limit``."""
     size = int.from_bytes(raw[-4:], "little")  # ISIZE: the last member's size modulo 2**32
-    if isal_zlib is None or size < hugepages.MIN_BYTES or (limit is not None and size > limit):
+    if isal_zlib is None or size < memory.MIN_BYTES or (limit is not None and size > limit):
         return None
 
     def fill(view: memoryview) -> int:
@@ -157,7 +157,7 @@ def _inflate_huge(raw: bytes, limit: int | None) -> bytes | None:
         return pos if reader.read(1) == b"" else -1  # the end: reads the trailer, checks its CRC
 
     try:
-        return hugepages.filled_bytes(size, fill)
+        return memory.filled_bytes(size, fill)
     except Exception:  # noqa: BLE001 - corrupt or cut: the ordinary path says which
         return None
 
@@ -191,7 +191,7 @@ def read_bytes_partial(path: str) -> tuple[bytes, str | None]:
     if raw[:2] != b"\x1f\x8b":
         return _utf8(path, raw), None
     limit = inflate_limit(path, len(raw))
-    whole = _inflate_huge(raw, limit)
+    whole = _inflate_large(raw, limit)
     if whole is not None:
         return _utf8(path, whole), None
     if isal_zlib is not None:  # fast path; a cut or corrupt stream is classified by zlib below
