@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analyzers.graphmap import ORIGIN_CALL_TREE, ORIGIN_CALL_TREE_NODIMS, OpSources
-from diagnose.analyzers.nesting import last_above
+from diagnose.analyzers.nesting import last_above, lexsort
 from diagnose.trace.model import NO_TIME
 
 
@@ -49,7 +49,7 @@ def enclosing_ops(ops: pd.DataFrame, tids: np.ndarray, times: np.ndarray) -> np.
         m = np.nonzero(cand & (o_tid == t))[0]
         if len(m) == 0:
             continue
-        order = np.lexsort((-o_e[m], o_s[m]))  # start ascending, the enclosing (longer) one first
+        order = lexsort((-o_e[m], o_s[m]))  # start ascending, the enclosing (longer) one first
         rows = m[order]
         s, e = o_s[rows], o_e[rows]
         # the last operator started at or before t that still runs at t (the one a walk up

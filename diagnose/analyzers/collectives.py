@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analyzers.base import declared
+from diagnose.analyzers.nesting import lexsort
 from diagnose.trace.model import Trace, factorize
 from diagnose.vocab import CATEGORIES
 
@@ -119,7 +120,7 @@ def _sized_ops(trace: Trace, acts: pd.DataFrame, idx: np.ndarray) -> np.ndarray:
         rows = rows[sized(rows)]
         if not len(rows):
             continue
-        rows = rows[np.lexsort((-(e[rows] - s[rows]), s[rows]))]
+        rows = rows[lexsort((-(e[rows] - s[rows]), s[rows]))]
         j = _last_covering(_max_table(e[rows]), np.searchsorted(s[rows], ls[q], side="right"), ls[q])
         out[q[j >= 0]] = rows[j[j >= 0]]
     return out

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from diagnose.analyzers.nesting import lexsort
 from diagnose.trace.model import NO_TIME, Trace, per_unique
 
 #: A GPU activity that starts this long after every in-trace predecessor allowed it waited for
@@ -154,7 +155,7 @@ def build_graph(trace: Trace, activities: pd.DataFrame) -> DepGraph:
     start0 = a["start_ns"].to_numpy(dtype=np.int64)
     end0 = np.maximum(a["end_ns"].to_numpy(dtype=np.int64), start0)
     ident = n < 2 or bool(np.all((start0[1:] > start0[:-1]) | ((start0[1:] == start0[:-1]) & (end0[1:] >= end0[:-1]))))
-    order = np.arange(n) if ident else np.lexsort((end0, start0))  # one device: the loader's order already
+    order = np.arange(n) if ident else lexsort((end0, start0))  # one device: the loader's order already
 
     def col(name: str, dtype=None, default=None) -> np.ndarray:
         if name not in a:

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analyzers.hostcause import HOST_ID, LAUNCH_CEIL_NS, MIN_HOST_GAP_NS, HostCauses
+from diagnose.analyzers.nesting import lexsort
 from diagnose.trace.model import NO_TIME
 from diagnose.vocab import GAP_CAUSES, GAP_KINDS, HOST_CAUSES
 
@@ -80,7 +81,7 @@ class DeviceActs:
         """From activity rows of one device (any order): sorted by (start, end)."""
         n = len(acts)
         s0, e0 = acts["start_ns"].to_numpy(dtype=np.int64), acts["end_ns"].to_numpy(dtype=np.int64)
-        o = np.lexsort((e0, s0))
+        o = lexsort((e0, s0))
 
         def col(name: str, default, dtype=np.int64) -> np.ndarray:
             return acts[name].to_numpy(dtype=dtype)[o] if name in acts else np.full(n, default, dtype=dtype)

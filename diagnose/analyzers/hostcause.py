@@ -57,7 +57,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analyzers.hostsource import host_sources, thread_events
-from diagnose.analyzers.nesting import sorted_unique
+from diagnose.analyzers.nesting import lexsort, sorted_unique
 from diagnose.trace.model import NO_TIME, Trace, per_unique
 from diagnose.vocab import HOST_CAUSES
 
@@ -298,7 +298,7 @@ class HostCauses:
         ev = thread_events(self.sources, tid, ua, ub)
         s, e, kind, names, src = ev["start"], ev["end"], ev["kind"], ev["name"], ev["src"]
         n = len(s)
-        order = np.lexsort((-(e - s), s))
+        order = lexsort((-(e - s), s))
         s, e, kind, names, src = s[order], e[order], kind[order], names[order], src[order]
         depth, parent, levels = _nesting(s, e)
         flags = _name_flags(names, kind)

@@ -38,7 +38,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from diagnose.analyzers.nesting import sorted_unique
+from diagnose.analyzers.nesting import lexsort, sorted_unique
 from diagnose.trace.model import factorize, per_unique
 
 #: Python frames of libraries and the interpreter: never "where the time went" in the user's
@@ -315,7 +315,7 @@ class HostPieces:
         if not parts:
             return cls.empty()
         cols = [np.concatenate([getattr(p, f) for p in parts]) for f in ("owner", "t0", "t1", "cause", "activity", "name", "frame")]
-        o = np.lexsort((cols[1], cols[0]))
+        o = lexsort((cols[1], cols[0]))
         kcode, ktable = None, None
         if all(p.kcode is not None for p in parts):  # the parts' triple codes, made one table's
             ids: dict[tuple, int] = {}
@@ -401,7 +401,7 @@ class _Nesting:
     def __init__(self, s, e, cls, name_code, linked, names) -> None:
         from diagnose.analyzers.nesting import nearest_marked, prev_exceeding
 
-        o = np.lexsort((cls, -e, s))
+        o = lexsort((cls, -e, s))
         self.s, self.e, self.cls = s[o], e[o], cls[o]
         self.linked = linked[o]
         # one code per distinct str(name) (names of several frames: a name can repeat in ``names``)

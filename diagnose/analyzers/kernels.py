@@ -77,6 +77,7 @@ from diagnose.analyzers.graphmap import (
     step_padded_sizes,
 )
 from diagnose.analyzers.moebytes import moe_kernel_bytes
+from diagnose.analyzers.nesting import lexsort
 from diagnose.analyzers.timeline import union_by_group_ns
 from diagnose.analyzers.precision import row_dtypes, row_peaks
 from diagnose.analyzers.opcost import (
@@ -237,7 +238,7 @@ def _pick_ops(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         ext, rows = ext[order], rows[order]
     if len(ext) > 1 and (ext[1:] == ext[:-1]).any():
         flop = ops["name"].isin(FLOP_OPS).to_numpy()[rows]
-        order = np.lexsort((ops["end_ns"].to_numpy()[rows], -ops["start_ns"].to_numpy()[rows], ~flop, ext))
+        order = lexsort((ops["end_ns"].to_numpy()[rows], -ops["start_ns"].to_numpy()[rows], ~flop, ext))
         ext, rows = ext[order], rows[order]
         first = np.ones(len(ext), dtype=bool)
         first[1:] = ext[1:] != ext[:-1]

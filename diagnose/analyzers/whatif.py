@@ -32,7 +32,7 @@ from pandas import unique as pd_unique
 
 from diagnose.analyzers import depgraph as D
 from diagnose.analyzers.hostpath import DEFAULT_CAUSE, cause_timeline, path_causes
-from diagnose.analyzers.nesting import sorted_unique
+from diagnose.analyzers.nesting import lexsort, sorted_unique
 from diagnose.errors import DiagnoseError
 from diagnose.patterns import check_pattern, clip, outside_pattern
 from diagnose.vocab import CATEGORIES, EXTERNAL_CAUSES, GAP_CAUSES
@@ -299,7 +299,7 @@ class _Chains:
             rel[calls] = rels
             rows.append(calls)
         rows = sorted_unique(np.concatenate(rows)) if rows else np.zeros(0, np.int64)
-        o = np.lexsort((rows, g.rt_start[rows]))
+        o = lexsort((rows, g.rt_start[rows]))
         self.row = rows[o]
         self.start, self.end, self.tid = g.rt_start[self.row], g.rt_end[self.row], g.rt_tid[self.row]
         self.release = rel[self.row]
@@ -346,7 +346,7 @@ def retime(g: D.DepGraph, start_ns: int, end_ns: int, members: np.ndarray, remov
     t = np.concatenate((ch.end[calls], ch.start[calls], g.start[ops]))
     typ = np.concatenate((np.full(len(calls), _CALL_END), np.full(len(calls), _CALL_START), np.full(len(ops), _OP_START)))
     ref = np.concatenate((calls - c_lo, calls - c_lo, ops - o_lo))
-    order = np.lexsort((typ, t))
+    order = lexsort((typ, t))
     op_args = _op_terms(g, ch, ops, np.where(lag_gone, 0, lag), removal, start_ns, (o_lo, o_hi), (c_lo, c_hi))
     cs_args = _call_start_terms(ch, calls, removal, start_ns, c_lo)
     ce_args = _call_end_terms(g, ch, calls, removal, (o_lo, o_hi))
