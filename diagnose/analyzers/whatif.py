@@ -489,21 +489,45 @@ def _walk_fast(order, typ, ref, n_ops: int, d_op, d_ce, op_args, cs_args, ce_arg
     wl = np.asarray(w_l, dtype=np.int64)
     wlc = np.maximum(wl, 0)
     ok_l = (wl >= 0) & (pos_cs[wlc] < pos_op) if n_calls else np.zeros(n_ops, dtype=bool)
-    l_src = np.where(ok_l, src[wlc] if n_calls else -1, -1).tolist()  # an activity's launch call, when walked
-    l_off = np.where(ok_l, off[wlc] if n_calls else 0, 0).tolist()
+    l_src_a = np.where(ok_l, src[wlc] if n_calls else -1, -1)  # an activity's launch call, when walked
+    l_off_a = np.where(ok_l, off[wlc] if n_calls else 0, 0)
+    l_src, l_off = l_src_a.tolist(), l_off_a.tolist()
     ok_b = pos_cs < pos_ce  # a blocking call's start walked before its return
     b_src = np.where(ok_b, src, -1).tolist()
     b_off = np.where(ok_b, off, 0).tolist()
+    # Per activity, the terms of its max that read no shift, folded with numpy: the floor, a
+    # cross-stream wait outside the window, a launch call whose chain has no blocking source.
+    # An activity whose other terms all read no shift either is a "lone" one (its shift is
+    # known before the walk, and set when walked: a read before then gives 0, as in the
+    # reference walk); one reading only its stream predecessor's shift is a "chain" one.
+    bind_a = np.asarray(binds, dtype=bool)
+    wp_a, ww_a = np.asarray(w_p, dtype=np.int64), np.asarray(w_w, dtype=np.int64)
+    tp_a, s_a, rem_a = np.asarray(t_p, dtype=np.int64), np.asarray(o_s, dtype=np.int64), np.asarray(o_rem, dtype=np.int64)
+    const = np.maximum(np.maximum(np.where(ww_a < 0, np.asarray(t_w, dtype=np.int64), _NONE),
+                                  np.where(l_src_a < 0, np.asarray(t_l, dtype=np.int64) - l_off_a, _NONE)), floor)
+    alone = (ww_a < 0) & (l_src_a < 0)
+    new_a = np.maximum(tp_a, const)
+    lone_d = np.where(bind_a, np.maximum(s_a - new_a, 0), 0) + rem_a
+    op_code = np.where(~bind_a | (alone & (wp_a < 0)), _LONE, np.where(alone, _CHAIN, _ANY)).astype(np.int8)
     t = np.asarray(typ)
     r_all = np.asarray(ref)
     to = t[order]
     is_blk_end = (to == _CALL_END) & blk[np.minimum(r_all[order], n_calls - 1)] if n_calls else np.zeros(len(order), dtype=bool)
     walk = order[(to == _OP_START) | is_blk_end]
-    for ty, i in zip(t[walk].tolist(), r_all[walk].tolist()):
-        if ty == _OP_START:
-            if not binds[i]:
-                d_op[i] = o_rem[i]
-                continue
+    r_walk = r_all[walk]
+    code = np.where(t[walk] == _OP_START, op_code[np.minimum(r_walk, max(n_ops - 1, 0))] if n_ops else _ANY, _BLOCKED)
+    lone, const_l = lone_d.tolist(), const.tolist()
+    for c, i in zip(code.tolist(), r_walk.tolist()):
+        if c == _CHAIN:  # the stream predecessor's shift, or the constant terms
+            new = t_p[i] - d_op[w_p[i]]
+            x = const_l[i]
+            if x > new:
+                new = x
+            s = o_s[i]
+            d_op[i] = (s - new if new < s else 0) + o_rem[i]
+        elif c == _LONE:
+            d_op[i] = lone[i]
+        elif c == _ANY:
             j = w_p[i]
             new = t_p[i] - (d_op[j] if j >= 0 else 0)
             j = w_w[i]
@@ -524,6 +548,9 @@ def _walk_fast(order, typ, ref, n_ops: int, d_op, d_ce, op_args, cs_args, ce_arg
             j = b_src[i]
             ns = c_s[i] - ((d_ce[j] if j >= 0 else 0) + b_off[i])
             d_ce[i] = c_e[i] - ((ns if ns > ge else ge) + c_ret[i])
+
+
+_CHAIN, _LONE, _ANY, _BLOCKED = 0, 1, 2, 3  # walk steps of _walk_fast: activities by what they read; a blocking call's return
 
 
 # ---------------------------------------------------------------- per step
