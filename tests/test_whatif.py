@@ -53,6 +53,22 @@ def test_off_path_work_saves_nothing(tmp_path):
     assert _change(a, row, W.Scenario(ops=((_op(a, "ka"), 0.5),)))[0] == 100.0  # ka 200 -> 100 µs: kc starts at 122
 
 
+def test_unblocked_time_counts_as_removed(tmp_path):
+    """Removing host_blocked makes a blocking call return at once; that time is part of what
+    the scenario removes in the window (a saving never exceeds it). A launch call [0, 5] µs
+    whose kernel k1 [1, 2] ends while it still runs blocks; the next call [6, 11] launches
+    k2 [7, 8]. Unblocked, call 1 returns at 0, call 2 starts at 1 (the 1-µs gap kept) and k2
+    runs at [2, 3]: saving 5 µs of 8; removed: call 1's 5 µs and call 2's [6, 8] in the
+    window, 7 µs (the step's path ends at 8). A hypothesis example once gave a saving of 6
+    for a removal of 2 (the unblocked time was not counted, so host_blocked alone saved 0)."""
+    events = [step(1, 0, 13), op("aten::work", 0, 6), rt("cudaLaunchKernel", 0, 5, 1), k("k1", 1, 1, 1, 7),
+              op("aten::work", 6, 6), rt("cudaLaunchKernel", 6, 5, 2), k("k2", 7, 1, 2, 7)]
+    a = _analyse(events, tmp_path)
+    assert _change(a, 0, W.scenario(["host_blocked"])) == (5.0, 7.0)
+    everything = W.Scenario(remove=(("host_blocked", None),), ops=tuple((i, 0.0) for i in range(a.paths.graph.n)))
+    assert _change(a, 0, everything) == (6.0, 9.0)  # + the two kernels' 1 µs each: k2 at [2, 2]
+
+
 def test_scenario_specs():
     sc = W.scenario(["compile_guard"] if "compile_guard" in W.REMOVABLE else ["cold_start"], ["gemm=2", "moe=inf"])
     assert sc.speedup == (("gemm", 2.0), ("moe", float("inf")))

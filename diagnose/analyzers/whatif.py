@@ -341,6 +341,11 @@ def retime(g: D.DepGraph, start_ns: int, end_ns: int, members: np.ndarray, remov
     removed = int(removal.op_removed[ops].sum()) + int(np.where(lag_gone, lag, 0).sum())
     for tid in removal.host:
         removed += removal.measure(tid, end_ns) - removal.measure(tid, start_ns)
+    if removal.unblock:  # a blocking call returns at once (_call_end_terms): its time in the window not removed above
+        blk = calls[ch.release[calls] >= 0]
+        if len(blk):
+            s, e = ch.start[blk], np.minimum(ch.end[blk], end_ns)
+            removed += int(np.maximum(e - s - (_measure(removal, ch.tid[blk], e) - _measure(removal, ch.tid[blk], s)), 0).sum())
     if removed == 0:
         return int(g.end[members].max()), 0
     t = np.concatenate((ch.end[calls], ch.start[calls], g.start[ops]))
