@@ -361,7 +361,9 @@ def retime(g: D.DepGraph, start_ns: int, end_ns: int, members: np.ndarray, remov
     if REFERENCE_WALK is None:
         _walk_fast(order, typ, ref, len(ops), d_op, d_ce, op_args, cs_args, ce_args, start_ns)
     else:
-        REFERENCE_WALK(order.tolist(), typ.tolist(), ref.tolist(), d_op, d_cs, d_ce, op_args, cs_args, ce_args, start_ns)
+        REFERENCE_WALK(order.tolist(), typ.tolist(), ref.tolist(), d_op, d_cs, d_ce, *([a.tolist() for a in args]
+                                                                                      for args in (op_args, cs_args, ce_args)),
+                       start_ns)
     m = members - o_lo
     inside = (m >= 0) & (m < len(ops))
     shift = np.zeros(len(members), dtype=np.int64)
@@ -380,7 +382,7 @@ def _in(idx: np.ndarray, lo_hi: tuple[int, int]) -> np.ndarray:
 
 
 def _op_terms(g: D.DepGraph, ch: _Chains, ops: np.ndarray, lag: np.ndarray, removal: _Removal, floor: int,
-              o_win: tuple[int, int], c_win: tuple[int, int]) -> tuple[list, ...]:
+              o_win: tuple[int, int], c_win: tuple[int, int]) -> tuple[np.ndarray, ...]:
     """Per activity of the window, what its shift reads (:func:`_walk_fast`): whether it binds,
     its start, removed duration, and per predecessor (stream, cross-stream, launch call) the
     time it allowed with the activity's lag added when it binds (:data:`_NONE`: none) and its
@@ -392,9 +394,8 @@ def _op_terms(g: D.DepGraph, ch: _Chains, ops: np.ndarray, lag: np.ndarray, remo
     t_l = np.where(lc >= 0, g.launch_start[ops] + np.where(b == D.BIND_LAUNCH, lag, 0), _NONE)
     ci = np.where(lc >= 0, ch.of_row[np.maximum(lc, 0)], -1) if len(ch.of_row) else np.full(len(ops), -1, dtype=np.int64)
     binds = (b != D.BIND_NONE) & (g.start[ops] >= floor)
-    return (binds.tolist(), g.start[ops].tolist(), removal.op_removed[ops].tolist(), t_p.tolist(),
-            _in(p, o_win).tolist(), t_w.tolist(), _in(w, o_win).tolist(), t_l.tolist(),
-            np.where(ci >= 0, _in(ci, c_win), -1).tolist())
+    return (binds, g.start[ops], removal.op_removed[ops], t_p, _in(p, o_win), t_w, _in(w, o_win), t_l,
+            np.where(ci >= 0, _in(ci, c_win), -1))
 
 
 def _measure(removal: _Removal, tid: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -410,7 +411,7 @@ def _measure(removal: _Removal, tid: np.ndarray, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _call_start_terms(ch: _Chains, calls: np.ndarray, removal: _Removal, floor: int, c_lo: int) -> tuple[list, list, list]:
+def _call_start_terms(ch: _Chains, calls: np.ndarray, removal: _Removal, floor: int, c_lo: int) -> tuple[np.ndarray, ...]:
     """Per host call of the window, what its start shift reads: which shift of the previous
     call of its thread it adds (0: none, 1: its return, 2: its start: the call is nested in
     it), that call's window position, and the host time removed since the base time."""
@@ -424,11 +425,11 @@ def _call_start_terms(ch: _Chains, calls: np.ndarray, removal: _Removal, floor: 
     kind = np.where(early, 0, kind)
     base_t = np.where(early, floor, base_t)
     add = _measure(removal, ch.tid[calls], s) - _measure(removal, ch.tid[calls], base_t)
-    return kind.tolist(), np.where(p >= c_lo, p - c_lo, -1).tolist(), add.tolist()
+    return kind, np.where(p >= c_lo, p - c_lo, -1), add
 
 
 def _call_end_terms(g: D.DepGraph, ch: _Chains, calls: np.ndarray, removal: _Removal,
-                    o_win: tuple[int, int]) -> tuple[list, ...]:
+                    o_win: tuple[int, int]) -> tuple[np.ndarray, ...]:
     """Per host call of the window, what its return shift reads: whether it blocked on GPU
     work (and still does), the host time it keeps or loses, and the GPU work's end and
     window position."""
@@ -442,8 +443,8 @@ def _call_end_terms(g: D.DepGraph, ch: _Chains, calls: np.ndarray, removal: _Rem
     else:
         plain = _measure(removal, tid, e) - _measure(removal, tid, s)
     ret = e - np.maximum(s, g_end)
-    return (blocked.tolist(), plain.tolist(), s.tolist(), e.tolist(), g_end.tolist(), ret.tolist(),
-            np.where(blocked, _in(r, o_win), -1).tolist())
+    return (blocked, plain, s, e, g_end, ret,
+            np.where(blocked, _in(r, o_win), -1))
 
 
 def _walk_fast(order, typ, ref, n_ops: int, d_op, d_ce, op_args, cs_args, ce_args, floor: int) -> None:
@@ -463,19 +464,14 @@ def _walk_fast(order, typ, ref, n_ops: int, d_op, d_ce, op_args, cs_args, ce_arg
     activity and blocking call instead of three per call."""
     from diagnose.analyzers.nesting import sum_to_marked
 
-    binds, o_s, o_rem, t_p, w_p, t_w, w_w, t_l, w_l = op_args
-    cs_kind, cs_prev, cs_add = cs_args
-    blocked, plain, c_s, c_e, c_gend, c_ret, c_rel = ce_args
-    n_calls = len(cs_kind)
+    bind_a, s_a, rem_a, tp_a, wp_a, tw_a, ww_a, tl_a, wl = op_args  # arrays (:func:`_op_terms`)
+    kind, prv, add = cs_args  # arrays (:func:`_call_start_terms`, :func:`_call_end_terms`)
+    blk, pln, cs_a, ce_a, gend_a, ret_a, rel_a = ce_args
+    n_calls = len(kind)
     pos = np.empty(len(order), dtype=np.int64)
     pos[order] = np.arange(len(order))  # event -> its place in the walk
     # events were concatenated as: call ends, call starts, activity starts
     pos_ce, pos_cs, pos_op = pos[:n_calls], pos[n_calls:2 * n_calls], pos[2 * n_calls:]
-    kind = np.asarray(cs_kind, dtype=np.int64)
-    prv = np.asarray(cs_prev, dtype=np.int64)
-    blk = np.asarray(blocked, dtype=bool)
-    add = np.asarray(cs_add, dtype=np.int64)
-    pln = np.asarray(plain, dtype=np.int64)
     reset = (kind == 0) | (prv < 0)
     pp = np.maximum(prv, 0)
     after_block = ~reset & (kind == 1) & blk[pp] if n_calls else np.zeros(0, dtype=bool)
@@ -491,7 +487,6 @@ def _walk_fast(order, typ, ref, n_ops: int, d_op, d_ce, op_args, cs_args, ce_arg
     rr = np.maximum(root, 0)
     src = np.where((root >= 0) & after_block[rr], prv[rr], -1)  # the blocking call whose return shift starts the sum
     off = np.where(root >= 0, base[rr] + add[rr] + acc, 0) if n_calls else np.zeros(0, dtype=np.int64)
-    wl = np.asarray(w_l, dtype=np.int64)
     wlc = np.maximum(wl, 0)
     ok_l = (wl >= 0) & (pos_cs[wlc] < pos_op) if n_calls else np.zeros(n_ops, dtype=bool)
     l_src_a = np.where(ok_l, src[wlc] if n_calls else -1, -1)  # an activity's launch call, when walked
@@ -505,11 +500,7 @@ def _walk_fast(order, typ, ref, n_ops: int, d_op, d_ce, op_args, cs_args, ce_arg
     # An activity whose other terms all read no shift either is a "lone" one (its shift is
     # known before the walk, and set when walked: a read before then gives 0, as in the
     # reference walk); one reading only its stream predecessor's shift is a "chain" one.
-    bind_a = np.asarray(binds, dtype=bool)
-    wp_a, ww_a = np.asarray(w_p, dtype=np.int64), np.asarray(w_w, dtype=np.int64)
-    tp_a, s_a, rem_a = np.asarray(t_p, dtype=np.int64), np.asarray(o_s, dtype=np.int64), np.asarray(o_rem, dtype=np.int64)
-    const = np.maximum(np.maximum(np.where(ww_a < 0, np.asarray(t_w, dtype=np.int64), _NONE),
-                                  np.where(l_src_a < 0, np.asarray(t_l, dtype=np.int64) - l_off_a, _NONE)), floor)
+    const = np.maximum(np.maximum(np.where(ww_a < 0, tw_a, _NONE), np.where(l_src_a < 0, tl_a - l_off_a, _NONE)), floor)
     alone = (ww_a < 0) & (l_src_a < 0)
     new_a = np.maximum(tp_a, const)
     lone_d = np.where(bind_a, np.maximum(s_a - new_a, 0), 0) + rem_a
@@ -522,6 +513,8 @@ def _walk_fast(order, typ, ref, n_ops: int, d_op, d_ce, op_args, cs_args, ce_arg
     r_walk = r_all[walk]
     code = np.where(t[walk] == _OP_START, op_code[np.minimum(r_walk, max(n_ops - 1, 0))] if n_ops else _ANY, _BLOCKED)
     lone, const_l = lone_d.tolist(), const.tolist()
+    o_s, o_rem, t_p, w_p, t_w, w_w, t_l = (a.tolist() for a in (s_a, rem_a, tp_a, wp_a, tw_a, ww_a, tl_a))
+    c_s, c_e, c_gend, c_ret, c_rel = (a.tolist() for a in (cs_a, ce_a, gend_a, ret_a, rel_a))
     for c, i in zip(code.tolist(), r_walk.tolist()):
         if c == _CHAIN:  # the stream predecessor's shift, or the constant terms
             new = t_p[i] - d_op[w_p[i]]
