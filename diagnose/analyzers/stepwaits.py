@@ -116,9 +116,7 @@ def assemble_steps(steps: pd.DataFrame, gaps: dict[int, tuple[DeviceActs, Gaps]]
         sg = _explain_stretches(d, st, host) if st is not None and len(st["k"]) else None
         listed: list[tuple[int, str, int, dict]] = []  # (gap index, "inside"/"before", step, wait)
         dur = (g.end - g.start).astype(np.float64)
-        cum = np.zeros((len(g.start) + 1, N_CAUSES))
-        if len(g.start):
-            cum[1:] = np.cumsum(np.eye(N_CAUSES)[g.cause.astype(np.int64)] * dur[:, None], axis=0)
+        gcause = g.cause.astype(np.int64)
         by_step = np.argsort(d.step, kind="stable")
         sorted_steps = d.step[by_step]
         for i in np.unique(d.step[d.step >= 0]).tolist():
@@ -130,7 +128,8 @@ def assemble_steps(steps: pd.DataFrame, gaps: dict[int, tuple[DeviceActs, Gaps]]
             lo = int(np.searchsorted(g.start, gs0, side="left"))
             hi = int(np.searchsorted(g.end, ge0, side="right"))
             hi = max(hi, lo)
-            c = cum[hi] - cum[lo]
+            inside = np.bincount(gcause[lo:hi], weights=dur[lo:hi], minlength=N_CAUSES)  # gap time by cause (exact: integer ns)
+            c = inside.copy()
             w: list[dict] = []
             pipe = st["pipelined"].get(i) if st is not None else None
             if pipe is not None:
@@ -148,7 +147,7 @@ def assemble_steps(steps: pd.DataFrame, gaps: dict[int, tuple[DeviceActs, Gaps]]
                             "ms": round(ns / 1e6, 6), "cause": GAP_CAUSES[ci]}
                     w.append(wait)
                     listed.append((j, "before", i, wait))
-            own_ns[i] = (ge0 - gs0) - int((cum[hi] - cum[lo])[_EXTERNAL].sum()) + before_internal
+            own_ns[i] = (ge0 - gs0) - int(inside[_EXTERNAL].sum()) + before_internal
             dd = dur[lo:hi]
             big = np.flatnonzero(dd >= max(STEP_WAIT_MIN_NS, 0.01 * (ge0 - gs0)))
             for j in big[np.argsort(-dd[big], kind="stable")][:LISTED].tolist():
