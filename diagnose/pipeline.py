@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -62,7 +63,7 @@ def run_analysis(path: str, options: AnalysisOptions | None = None, show_progres
 
     size = input_size(path) if show_progress else 0
     console = None
-    if size >= PROGRESS_MIN_BYTES and os.path.getsize(path) >= 5 * 10**6:
+    if size >= PROGRESS_MIN_BYTES and os.path.getsize(path) >= 5 * 10**6 and _may_be_terminal():
         from rich.console import Console
 
         console = Console(stderr=True)
@@ -84,6 +85,14 @@ def run_analysis(path: str, options: AnalysisOptions | None = None, show_progres
         result = analyze(trace, opts)
         bar.update(task, completed=1.0)
     return result
+
+
+def _may_be_terminal() -> bool:
+    """Whether rich's console could find stderr a terminal (``Console.is_terminal``: stderr a
+    TTY, or ``TTY_COMPATIBLE`` / ``FORCE_COLOR`` set): when not, no progress bar and rich is not
+    imported (~10 ms)."""
+    env = os.environ
+    return bool(env.get("TTY_COMPATIBLE")) or env.get("FORCE_COLOR") is not None or sys.stderr.isatty()
 
 
 def report_devices(report) -> list[int | None]:

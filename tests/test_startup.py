@@ -202,3 +202,29 @@ def test_run_collects_young_objects_less_often_then_restores(monkeypatch):
     assert gc.get_threshold() == before
     result = CliRunner().invoke(main, ["run", "--trace", str(ROOT / "no-such-file.json")])
     assert result.exit_code == 2 and gc.get_threshold() == before
+
+
+def test_progress_bar_needs_a_terminal_before_rich_is_imported(monkeypatch):
+    """``diagnose run`` imports rich for its progress bar only where rich's console could find
+    stderr a terminal: a TTY, or TTY_COMPATIBLE / FORCE_COLOR set (rich's own test)."""
+    import io
+
+    from diagnose import pipeline
+
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.setattr(pipeline.sys, "stderr", io.StringIO())
+    assert pipeline._may_be_terminal() is False
+    monkeypatch.setenv("FORCE_COLOR", "")
+    assert pipeline._may_be_terminal() is True
+    monkeypatch.delenv("FORCE_COLOR")
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    assert pipeline._may_be_terminal() is True
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("TTY_COMPATIBLE")
+    monkeypatch.setattr(pipeline.sys, "stderr", Tty())
+    assert pipeline._may_be_terminal() is True
