@@ -386,8 +386,7 @@ def _described(g: D.DepGraph, t0, t1, kind, ref, pieces, base: int, start: int, 
     seg, h0, h1, row = pieces.clipped(base + ref[host], t0[host], t1[host])
     if len(seg):
         k = len(seg)
-        parts.append((h0, h1, np.full(k, K_HOST, dtype=np.int8), pieces.cause[row], pieces.activity[row],
-                      pieces.name[row], pieces.frame[row], np.full(k, -1, dtype=np.int64),
+        parts.append((h0, h1, np.full(k, K_HOST, dtype=np.int8), *pieces.text_at(row), np.full(k, -1, dtype=np.int64),
                       pkey[row]))
     cols = [np.concatenate([p[i] for p in parts]) for i in range(9)]
     o = np.argsort(cols[0], kind="stable")

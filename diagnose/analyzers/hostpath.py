@@ -47,6 +47,7 @@ LIBRARY_FRAME = re.compile(r"^(torch/|triton/|<built-in|<frozen|json/|/tmp/torch
                            r"functools|importlib|nn\.Module:|.*(site|dist)-packages/)")
 #: Host activities (innermost event class) of a host piece, in display order.
 ACTIVITIES = ("launch", "runtime", "sync", "cpu_op", "python_in_op", "python", "range", "overhead", "untracked")
+_ACTIVITY_VALUES = np.array(ACTIVITIES, dtype=object)
 #: Which host activities HTA 0.6.1 gives a weight (its cpu_op and non-blocking runtime-call
 #: spans, python nested in an op); the others are its zero-weight dependency edges or
 #: blocking-call spans (README "Critical path: HTA").
@@ -283,38 +284,70 @@ def cause_timeline(graph, tid: int) -> CauseTimeline:
 @dataclass
 class HostPieces:
     """Pieces of host stretches, one row per piece, sorted by (stretch, start): arrays of
-    equal length (absolute ns for times; object arrays of str for the rest).
+    equal length (absolute ns for times; codes into small tables for the text, which
+    :meth:`text_at` and the properties turn into object arrays of str).
 
     Attributes:
         owner: the stretch (index into the stretches classified) a piece belongs to.
-        t0, t1: the piece's bounds; cause: a host cause; activity: one of :data:`ACTIVITIES`;
-        name: the innermost host event's name ("" when untracked); frame: the program frame
-        ("" when none); kcode, ktable: per piece, a code of its (frame, cause, activity) and
-        the triples the codes index (None: :meth:`keys` finds them from the strings).
+        t0, t1: the piece's bounds.
+        cause_code: index into ``causes`` (a host cause); act_code: index into
+            :data:`ACTIVITIES`; name_code: index into ``names`` of the innermost host event's
+            name ("" when untracked); frame_code: index into ``names`` of the program frame
+            ("" when none).
+        kcode, ktable: per piece, a code of its (frame, cause, activity) and the triples the
+            codes index (None: :meth:`keys` finds them from the strings).
     """
 
     owner: np.ndarray
     t0: np.ndarray
     t1: np.ndarray
-    cause: np.ndarray
-    activity: np.ndarray
-    name: np.ndarray
-    frame: np.ndarray
+    cause_code: np.ndarray
+    act_code: np.ndarray
+    name_code: np.ndarray
+    frame_code: np.ndarray
+    causes: np.ndarray
+    names: np.ndarray
     kcode: np.ndarray | None = None
     ktable: list | None = None
+
+    @property
+    def cause(self) -> np.ndarray:
+        return self.causes[self.cause_code]
+
+    @property
+    def activity(self) -> np.ndarray:
+        return _ACTIVITY_VALUES[self.act_code]
+
+    @property
+    def name(self) -> np.ndarray:
+        return self.names[self.name_code]
+
+    @property
+    def frame(self) -> np.ndarray:
+        return self.names[self.frame_code]
+
+    def text_at(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(cause, activity, name, frame) of pieces ``row``: object arrays of str."""
+        return (self.causes[self.cause_code[row]], _ACTIVITY_VALUES[self.act_code[row]], self.names[self.name_code[row]],
+                self.names[self.frame_code[row]])
 
     @classmethod
     def empty(cls) -> "HostPieces":
         z = np.zeros(0, dtype=np.int64)
         o = np.zeros(0, dtype=object)
-        return cls(z, z, z, o, o, o, o, z, [])
+        return cls(z, z, z, z, np.zeros(0, dtype=np.int8), z, z, o, o, z, [])
 
     @classmethod
     def concat(cls, parts: list["HostPieces"]) -> "HostPieces":
         """One table from tables of disjoint stretches, sorted by (stretch, start)."""
         if not parts:
             return cls.empty()
-        cols = [np.concatenate([getattr(p, f) for p in parts]) for f in ("owner", "t0", "t1", "cause", "activity", "name", "frame")]
+        cols = [np.concatenate([getattr(p, f) for p in parts]) for f in ("owner", "t0", "t1", "act_code")]
+        at_c = np.cumsum([0] + [len(p.causes) for p in parts])
+        at_n = np.cumsum([0] + [len(p.names) for p in parts])
+        cols.append(np.concatenate([p.cause_code + int(k) for p, k in zip(parts, at_c)]))  # each part's table appended
+        cols.append(np.concatenate([p.name_code + int(k) for p, k in zip(parts, at_n)]))
+        cols.append(np.concatenate([p.frame_code + int(k) for p, k in zip(parts, at_n)]))
         o = lexsort((cols[1], cols[0]))
         kcode, ktable = None, None
         if all(p.kcode is not None for p in parts):  # the parts' triple codes, made one table's
@@ -322,7 +355,9 @@ class HostPieces:
             kcode = np.concatenate([np.array([ids.setdefault(t, len(ids)) for t in p.ktable] + [0], dtype=np.int64)[p.kcode]
                                     for p in parts])[o]
             ktable = list(ids)
-        return cls(*(c[o] for c in cols), kcode, ktable)
+        owner, t0, t1, act, cause, name, frame = (c[o] for c in cols)
+        return cls(owner, t0, t1, cause, act, name, frame, np.concatenate([p.causes for p in parts]),
+                   np.concatenate([p.names for p in parts]), kcode, ktable)
 
     def keys(self) -> tuple[np.ndarray, list[tuple[str, str, str]]]:
         """(per piece, a code of its (frame, cause, activity), in first-seen order; the triples
@@ -482,9 +517,11 @@ class _Nesting:
         kint = np.asarray(kint, dtype=np.int64)
         ktable = [(self.names[f - 1], cnames[c], ACTIVITIES[a])
                   for f, c, a in zip((kint // (nc * na)).tolist(), ((kint // na) % nc).tolist(), (kint % na).tolist())]
-        return HostPieces(owner[own[first]], x0[first], x1[end], cnames[ccode[first]],
-                          np.array(ACTIVITIES, dtype=object)[act[first]], self.names[name_code[first]],
-                          self.names[frame_code[first]], kcode, ktable)
+        blank = len(self.names) - 1  # -1: "" (the last name)
+        return HostPieces(owner[own[first]], x0[first], x1[end], ccode[first], act[first],
+                          np.where(name_code[first] < 0, blank, name_code[first]),
+                          np.where(frame_code[first] < 0, blank, frame_code[first]), np.asarray(cnames, dtype=object),
+                          self.names, kcode, ktable)
 
     def _innermost(self, t: np.ndarray) -> np.ndarray:
         """Index of the innermost event open at each instant (-1 none): the last one started
