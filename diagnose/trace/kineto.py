@@ -58,6 +58,7 @@ import msgspec
 
 from diagnose.errors import TraceFormatError
 from diagnose.trace.kineto_columns import _Columns
+from diagnose.trace.memory import writable_again
 from diagnose.trace.kineto_events import _any_dec, _as_int, _decode_lenient, _Event, _StrictEvent
 from diagnose.trace.reading import read_bytes_partial
 
@@ -657,6 +658,8 @@ class _Forked:
             raise
         finally:
             self.done.close()
+        if children:  # every child has exited: the document's pages, shared with them, writable again in one call
+            writable_again(self.src.obj)
         cols = _Columns(self.base_ns)
         for i, share in enumerate(shares):
             state = states.get(i)
