@@ -223,7 +223,10 @@ def _host_compute(graph, tid: int) -> tuple[np.ndarray, np.ndarray]:
     tr = graph.trace
     rt = tr.runtime
     z = np.zeros(0, np.int64)
-    if len(rt):
+    host = graph.cache.get("host_causes")
+    if host is not None and host.trace is tr:  # the gap classifier's index: the same launch calls, sorted
+        ls = host.launch_starts.get(int(tid), z)
+    elif len(rt):
         m = (rt["tid"].to_numpy() == tid) & rt["api_kind"].isin(("launch", "graph_launch", "memcpy", "memset")).to_numpy()
         ls = np.sort(rt["start_ns"].to_numpy(dtype=np.int64)[m])
     else:
@@ -582,8 +585,7 @@ def _launch_like(graph) -> np.ndarray:
         hit = np.zeros(len(rt), dtype=bool)
         hit[graph.launch[graph.launch >= 0]] = True
         if len(rt):
-            kinds = rt["api_kind"].to_numpy(dtype=object)
-            hit |= (kinds == "launch") | (kinds == "graph_launch") | (kinds == "memcpy") | (kinds == "memset")
+            hit |= rt["api_kind"].isin(("launch", "graph_launch", "memcpy", "memset")).to_numpy()
             # a copy that blocked by API (hipMemcpyWithStream...) is still a copy call
         graph.cache[key] = hit
     return hit
