@@ -482,7 +482,7 @@ def test_child_failure_is_redone_in_parent(kineto, monkeypatch, fork_allowed, tm
             f.write(f"{os.getpid()}\n")
         raise pickle.PicklingError("boom")
 
-    monkeypatch.setattr(loader.pickle, "dumps", failing_dumps)
+    monkeypatch.setattr(pickle, "dumps", failing_dumps)  # the workers (forked) inherit the patch
     parent_decodes = _spy(monkeypatch, "_decode_slices")
     three = loader._load_chunked("s.json", buf, workers=3)
     pids = marker.read_text().split()
@@ -494,21 +494,23 @@ def test_child_failure_is_redone_in_parent(kineto, monkeypatch, fork_allowed, tm
 
 def test_worker_columns_travel_out_of_band_and_a_cut_stream_is_none(kineto):
     """A worker's columns state goes through the pipe as a pickle plus each array's bytes
-    (:func:`_send`), and comes back equal (:func:`_receive`); a stream cut anywhere gives None
+    (``send_state``), and comes back equal (``receive_state``); a stream cut anywhere gives None
     (the parent then decodes that share itself)."""
     import io
+
+    from diagnose.trace.workerpipe import receive_state, send_state
 
     buf = _synthetic_buf(kineto)
     plan = loader._Plan(buf)
     state = loader._decode_slices(plan.src, plan.slices, plan.base_ns).state()
     out = io.BytesIO()
-    loader._send(out, state)
+    send_state(out, state)
     data = out.getvalue()
     assert len(data) < len(pickle.dumps(state, protocol=5)) + 8 * 64
-    back = loader._receive(io.BytesIO(data))
+    back = receive_state(io.BytesIO(data))
     assert pickle.dumps(back, protocol=5) == pickle.dumps(state, protocol=5)
     for cut in (0, 4, 8, 20, len(data) // 2, len(data) - 1):
-        assert loader._receive(io.BytesIO(data[:cut])) is None
+        assert receive_state(io.BytesIO(data[:cut])) is None
 
 
 def test_cut_inside_a_string_falls_back(kineto, monkeypatch, fork_allowed):

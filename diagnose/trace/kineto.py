@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import pickle
 import re
 import select
 import signal
@@ -59,6 +58,7 @@ import msgspec
 from diagnose.errors import TraceFormatError
 from diagnose.trace.kineto_columns import _Columns
 from diagnose.trace.memory import writable_again
+from diagnose.trace.workerpipe import receive_state, send_state
 from diagnose.trace.kineto_events import _any_dec, _as_int, _decode_lenient, _Event, _StrictEvent
 from diagnose.trace.reading import read_bytes_partial
 
@@ -540,7 +540,7 @@ def _fork_decode(src: memoryview, slices: list[tuple[int, int]], base_ns: int, d
 
             cols = _decode_slices(src, slices, base_ns, progress)
             with os.fdopen(w, "wb") as f:
-                _send(f, cols.state())
+                send_state(f, cols.state())
             code = 0
         except BaseException:  # noqa: BLE001 - the parent redoes the work on any failure
             pass
@@ -562,54 +562,11 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _send(f, state: dict) -> None:
-    """Write ``state`` to the pipe ``f`` for :func:`_receive`: the count of parts and their
-    sizes (little-endian uint64), a pickle (protocol 5) whose arrays travel out of band,
-    then each array's bytes as they are in memory (no copy into the pickle)."""
-    bufs: list[pickle.PickleBuffer] = []
-    head = pickle.dumps(state, protocol=5, buffer_callback=bufs.append)
-    raws = [b.raw() for b in bufs]
-    sizes = [len(head), *(r.nbytes for r in raws)]
-    f.write(struct.pack(f"<{len(sizes) + 1}Q", len(sizes), *sizes))
-    f.write(head)
-    for r in raws:
-        f.write(r)
-
-
-def _read_exactly(f, n: int) -> bytearray | None:
-    """``n`` bytes from the unbuffered file ``f`` (None when it ends first)."""
-    out = bytearray(n)
-    view = memoryview(out)
-    got = 0
-    while got < n:
-        k = f.readinto(view[got:])
-        if not k:
-            return None
-        got += k
-    return out
-
-
-def _receive(f) -> dict | None:
-    """What :func:`_send` wrote (None when the stream is cut); the arrays are views of the
-    buffers read."""
-    count = _read_exactly(f, 8)
-    if count is None:
-        return None
-    n = struct.unpack("<Q", count)[0]
-    sizes = _read_exactly(f, 8 * n) if 0 < n < 2**20 else None
-    if sizes is None:
-        return None
-    parts = [_read_exactly(f, size) for size in struct.unpack(f"<{n}Q", sizes)]
-    if any(p is None for p in parts):
-        return None
-    return pickle.loads(parts[0], buffers=parts[1:])
-
-
 def _fork_result(pid: int, fd: int) -> dict | None:
     """The child's columns state, or None when it failed (the caller redoes its slices)."""
     try:
         with os.fdopen(fd, "rb", buffering=0) as f:
-            state = _receive(f)
+            state = receive_state(f)
     except Exception:  # noqa: BLE001 - a cut or garbled stream: redone here
         state = None
     finally:
