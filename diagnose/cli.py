@@ -204,10 +204,12 @@ def run_command(trace_paths: tuple[str, ...], trace_dir: str | None, executor: s
 
 #: Container objects allocated between two collections of the youngest generation during
 #: `run` (CPython's default is 700). A large trace's load and analysis allocate millions
-#: (the decoded events' lists, pandas' frames and indexes) that live until the report: at
-#: 700, 170 collections walked them, 0.04-0.1 s of a 255 MB trace's 4 s run; at 20,000, six
-#: (benchmarks/README.md). Cycles of garbage wait longer for their collection, a few MB.
-_GC_YOUNG_OBJECTS = 20_000
+#: (the decoded events' lists, pandas' frames and indexes) that live until the report, and a
+#: collection visits what its young containers hold (a list of 444,000 numbers is one young
+#: object): at 700, 170 collections took 0.04-0.1 s of a 255 MB trace's run; at 20,000, six
+#: took 0.024-0.04 s; at 200,000, none on that trace (benchmarks/README.md). Cycles of
+#: garbage wait longer for their collection: 936 objects were left at the end of that run.
+_GC_YOUNG_OBJECTS = 200_000
 
 
 def _run(trace_paths: tuple[str, ...], trace_dir: str | None, executor: str, scheduler: str | None, fmt: str,

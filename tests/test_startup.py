@@ -198,7 +198,7 @@ def test_run_collects_young_objects_less_often_then_restores(monkeypatch):
     sample = str(ROOT / "samples/tracelens/torch_compile_prefill_mi300x.json.gz")
     result = CliRunner().invoke(main, ["run", "--trace", sample, "--format", "json"])
     assert result.exit_code == 0, result.output
-    assert seen == [(20_000, *before[1:])] and cli._GC_YOUNG_OBJECTS == 20_000
+    assert seen == [(200_000, *before[1:])] and cli._GC_YOUNG_OBJECTS == 200_000
     assert gc.get_threshold() == before
     result = CliRunner().invoke(main, ["run", "--trace", str(ROOT / "no-such-file.json")])
     assert result.exit_code == 2 and gc.get_threshold() == before
