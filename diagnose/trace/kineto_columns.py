@@ -76,18 +76,32 @@ def _group(events: list, strict: bool) -> tuple[dict[str, list], list]:
         be = [e for e in events if e.ph == "B" or e.ph == "E"] if len(xs) < len(events) else []
     if not xs:
         return out, be
-    cats = list(map(_get_cat, xs))
-    code_of = {c: _BUCKET_CODE.get(_bucket(c), -1) for c in dict.fromkeys(cats)}
-    if len(code_of) == 1:  # one category (a slice of kernels, say): the list as it is
-        code = next(iter(code_of.values()))
-        if code >= 0:
-            out[_BUCKETS[code]] = xs
+    codes = np.fromiter(map(_CAT_CODES.__getitem__, map(_get_cat, xs)), np.int8, len(xs))
+    if len(_CAT_CODES) > _CAT_CODES_MAX:  # a file of countless categories: no unbounded cache
+        _CAT_CODES.clear()
+    counts = np.bincount(codes.astype(np.int64) + 1, minlength=len(_BUCKETS) + 1)
+    present = np.flatnonzero(counts[1:]).tolist()
+    if len(present) == 1 and not counts[0]:  # one bucket (a slice of kernels, say): the list as it is
+        out[_BUCKETS[present[0]]] = xs
         return out, be
-    codes = np.fromiter(map(code_of.__getitem__, cats), np.int8, len(cats))
-    for code in sorted(set(code_of.values()) - {-1}):
+    for code in present:
         idx = np.flatnonzero(codes == code).tolist()
         out[_BUCKETS[code]] = list(operator.itemgetter(*idx)(xs)) if len(idx) > 1 else [xs[i] for i in idx]
     return out, be
+
+
+class _CatCodes(dict):
+    """Event category -> its bucket's code (index into ``_BUCKETS``; -1: a category the
+    analysis skips), each category looked up when first seen (``__missing__``), then read in
+    C for every event."""
+
+    def __missing__(self, cat: Any) -> int:
+        code = self[cat] = _BUCKET_CODE.get(_bucket(cat), -1)
+        return code
+
+
+_CAT_CODES = _CatCodes()
+_CAT_CODES_MAX = 4096
 
 
 def _bucket(cat: Any) -> str | None:
