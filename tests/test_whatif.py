@@ -237,6 +237,40 @@ def test_fast_walk_gives_the_reference_walks_shifts(rel, monkeypatch):
     assert saved > 0  # the scenarios change something on this trace
 
 
+def test_sum_to_marked_chains_equals_the_pointer_jumping():
+    """Each thread's calls as one chain (parent: the thread's previous call; a chain's first
+    call marked): the segmented sum gives sum_to_marked's answer; any other shape (a parent
+    that is not the previous call, a first call unmarked) falls back to it."""
+    from diagnose.analyzers.nesting import sum_to_marked, sum_to_marked_chains
+
+    # threads 7: calls 0, 2, 3, 5; 9: calls 1, 4; marked 0, 3, 1
+    group = np.array([7, 9, 7, 7, 9, 7])
+    parent = np.array([-1, -1, 0, 2, 1, 3])
+    mark = np.array([True, True, False, True, False, False])
+    w = np.array([10, 20, 1, 30, 2, 4])
+    root, acc = sum_to_marked_chains(group, parent, mark, w)
+    assert root.tolist() == [0, 1, 0, 3, 1, 3] and acc.tolist() == [0, 0, 1, 0, 2, 4]
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n = int(rng.integers(1, 80))
+        group = rng.integers(0, 4, n)
+        parent = np.full(n, -1)
+        last: dict[int, int] = {}
+        for i, t in enumerate(group.tolist()):
+            parent[i] = last.get(t, -1)
+            last[t] = i
+        mark = (rng.random(n) < 0.3) | (parent < 0)
+        w = rng.integers(0, 100, n)
+        want = sum_to_marked(np.where(mark, -1, parent), mark, w)
+        got = sum_to_marked_chains(group, np.where(mark, -1, parent), mark, w)
+        assert [a.tolist() for a in got] == [a.tolist() for a in want]
+        if n > 1:  # a first call unmarked, or a parent not the previous call: the general answer
+            odd = mark.copy()
+            odd[0] = False
+            assert [a.tolist() for a in sum_to_marked_chains(group, parent, odd, w)] == \
+                [a.tolist() for a in sum_to_marked(parent, odd, w)]
+
+
 def test_sum_to_marked_sums_up_to_the_nearest_marked_ancestor():
     from diagnose.analyzers.nesting import sum_to_marked
 

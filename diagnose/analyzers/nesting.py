@@ -216,6 +216,35 @@ def nearest_marked(parent: np.ndarray, mark: np.ndarray) -> np.ndarray:
         ptr[act] = np.where(found, -1, nxt)
 
 
+def sum_to_marked_chains(group: np.ndarray, parent: np.ndarray, mark: np.ndarray,
+                         w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`sum_to_marked` where each ``group`` (a thread) is one chain: a node's parent is
+    the previous node of its group, or -1 (then the node is marked). A segmented cumulative
+    sum in group order instead of pointer jumping; :func:`sum_to_marked` itself when the
+    input is not of that shape."""
+    n = len(parent)
+    if n == 0:
+        return sum_to_marked(parent, mark, w)
+    o = np.argsort(group, kind="stable")  # each group's nodes in index order
+    g = group[o]
+    first = np.ones(n, dtype=bool)
+    first[1:] = g[1:] != g[:-1]
+    prev_in_group = np.full(n, -1, dtype=np.int64)
+    prev_in_group[~first] = o[np.flatnonzero(~first) - 1]
+    mo = np.asarray(mark, dtype=bool)[o]
+    par = np.asarray(parent, dtype=np.int64)[o]
+    if not (mo[first].all() and ((par == prev_in_group) | mo).all()):
+        return sum_to_marked(parent, mark, w)
+    pos = np.arange(n, dtype=np.int64)
+    last = np.maximum.accumulate(np.where(mo, pos, -1))  # each group starts marked: stays inside it
+    cs = np.cumsum(np.where(mo, 0, np.asarray(w, dtype=np.int64)[o]))
+    root = np.empty(n, dtype=np.int64)
+    acc = np.empty(n, dtype=np.int64)
+    root[o] = o[last]
+    acc[o] = cs - cs[last]
+    return root, acc
+
+
 def sum_to_marked(parent: np.ndarray, mark: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each node, its nearest marked ancestor-or-self (-1 none) and the sum of ``w`` over
     the nodes from it up to that ancestor, the ancestor excluded (0 for a marked node).

@@ -362,7 +362,7 @@ def retime(g: D.DepGraph, start_ns: int, end_ns: int, members: np.ndarray, remov
         _walk_fast(order, typ, ref, len(ops), d_op, d_ce, op_args, cs_args, ce_args, start_ns)
     else:
         REFERENCE_WALK(order.tolist(), typ.tolist(), ref.tolist(), d_op, d_cs, d_ce, *([a.tolist() for a in args]
-                                                                                      for args in (op_args, cs_args, ce_args)),
+                                                                                      for args in (op_args, cs_args[:3], ce_args)),
                        start_ns)
     m = members - o_lo
     inside = (m >= 0) & (m < len(ops))
@@ -414,7 +414,8 @@ def _measure(removal: _Removal, tid: np.ndarray, x: np.ndarray) -> np.ndarray:
 def _call_start_terms(ch: _Chains, calls: np.ndarray, removal: _Removal, floor: int, c_lo: int) -> tuple[np.ndarray, ...]:
     """Per host call of the window, what its start shift reads: which shift of the previous
     call of its thread it adds (0: none, 1: its return, 2: its start: the call is nested in
-    it), that call's window position, and the host time removed since the base time."""
+    it), that call's window position, the host time removed since the base time, and its
+    thread."""
     s = ch.start[calls]
     p = ch.prev[calls]
     pp = np.maximum(p, 0)
@@ -424,8 +425,9 @@ def _call_start_terms(ch: _Chains, calls: np.ndarray, removal: _Removal, floor: 
     early = base_t < floor
     kind = np.where(early, 0, kind)
     base_t = np.where(early, floor, base_t)
-    add = _measure(removal, ch.tid[calls], s) - _measure(removal, ch.tid[calls], base_t)
-    return kind, np.where(p >= c_lo, p - c_lo, -1), add
+    tid = ch.tid[calls]
+    add = _measure(removal, tid, s) - _measure(removal, tid, base_t)
+    return kind, np.where(p >= c_lo, p - c_lo, -1), add, tid
 
 
 def _call_end_terms(g: D.DepGraph, ch: _Chains, calls: np.ndarray, removal: _Removal,
@@ -459,13 +461,14 @@ def _walk_fast(order, typ, ref, n_ops: int, d_op, d_ce, op_args, cs_args, ce_arg
     start's shift plus the host time removed in it) from the chain's last source: where the
     chain starts (in the window, or after a call starting before the floor: 0) or resumes
     after a blocking call (that call's return shift). Sources and sums come from numpy
-    (:func:`~diagnose.analyzers.nesting.sum_to_marked`); in the walk, each read is of what
+    (:func:`~diagnose.analyzers.nesting.sum_to_marked_chains`: each thread's calls are one
+    chain); in the walk, each read is of what
     that walk would have read then (0 for an event not walked yet): a Python step per
     activity and blocking call instead of three per call."""
-    from diagnose.analyzers.nesting import sum_to_marked
+    from diagnose.analyzers.nesting import sum_to_marked_chains
 
     bind_a, s_a, rem_a, tp_a, wp_a, tw_a, ww_a, tl_a, wl = op_args  # arrays (:func:`_op_terms`)
-    kind, prv, add = cs_args  # arrays (:func:`_call_start_terms`, :func:`_call_end_terms`)
+    kind, prv, add, ctid = cs_args  # arrays (:func:`_call_start_terms`, :func:`_call_end_terms`)
     blk, pln, cs_a, ce_a, gend_a, ret_a, rel_a = ce_args
     n_calls = len(kind)
     pos = np.empty(len(order), dtype=np.int64)
@@ -483,7 +486,7 @@ def _walk_fast(order, typ, ref, n_ops: int, d_op, d_ce, op_args, cs_args, ce_arg
     # any other call: its start shift is its previous call's start shift, plus that call's
     # host time removed when it returned first (kind 1), plus its own
     w = add + np.where(~reset & (kind == 1), pln[pp] if n_calls else 0, 0)
-    root, acc = sum_to_marked(np.where(reset, -1, prv), reset | after_block | after_zero, w)
+    root, acc = sum_to_marked_chains(ctid, np.where(reset, -1, prv), reset | after_block | after_zero, w)
     rr = np.maximum(root, 0)
     src = np.where((root >= 0) & after_block[rr], prv[rr], -1)  # the blocking call whose return shift starts the sum
     off = np.where(root >= 0, base[rr] + add[rr] + acc, 0) if n_calls else np.zeros(0, dtype=np.int64)
