@@ -134,12 +134,3 @@ def test_freed_memory_reused_is_a_no_op_without_glibc(monkeypatch):
     with memory.freed_memory_reused():
         assert b"z" * 10 == b"zzzzzzzzzz"
 
-
-def test_writable_again_leaves_the_bytes_as_they_are():
-    """Mapping a document's pages writable changes nothing in it (a small one is left alone)."""
-    size = memory.MIN_BYTES + 4096
-    doc = bytes(range(256)) * (size // 256)
-    before = hash(doc)
-    memory.writable_again(doc)
-    assert hash(bytes(doc)) == before and doc[:256] == bytes(range(256)) and len(doc) == size
-    memory.writable_again(b"small")

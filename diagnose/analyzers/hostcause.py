@@ -61,6 +61,9 @@ from diagnose.analyzers.nesting import lexsort, sorted_unique
 from diagnose.trace.model import NO_TIME, Trace, per_unique
 from diagnose.vocab import HOST_CAUSES
 
+#: Runtime-call kinds (``Trace.runtime["api_kind"]``) that put work on the GPU: a kernel or
+#: graph launch, a copy, a fill.
+LAUNCH_API_KINDS = ("launch", "graph_launch", "memcpy", "memset")
 #: The largest host time one kernel launch can explain: "Usually, the launch time on the CPU
 #: side is between 5-20 microseconds" (HTA docs, cuda_kernel_launch_stats); 4-6 µs measured on
 #: an RTX 5070 Ti with CUDA 13. A launchless event this long is host work, not dispatch; a
@@ -234,7 +237,7 @@ class HostCauses:
             return
         tid = rt["tid"].to_numpy()
         s, e = rt["start_ns"].to_numpy(), rt["end_ns"].to_numpy()
-        is_launch = rt["api_kind"].isin(("launch", "graph_launch", "memcpy", "memset")).to_numpy()
+        is_launch = rt["api_kind"].isin(LAUNCH_API_KINDS).to_numpy()
         for t in np.unique(tid[is_launch]):
             m = is_launch & (tid == t)
             self.launch_starts[int(t)] = np.sort(s[m])

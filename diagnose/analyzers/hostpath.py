@@ -218,7 +218,7 @@ def _host_compute(graph, tid: int) -> tuple[np.ndarray, np.ndarray]:
     dispatch frames), CPU ops and ranges lasting at least
     :data:`~diagnose.analyzers.hostcause.LAUNCH_CEIL_NS` during which the thread launched
     nothing (no kernel, graph, copy or fill call): the gap classifier's ``host_compute``."""
-    from diagnose.analyzers.hostcause import LAUNCH_CEIL_NS, name_test
+    from diagnose.analyzers.hostcause import LAUNCH_API_KINDS, LAUNCH_CEIL_NS, name_test
 
     tr = graph.trace
     rt = tr.runtime
@@ -227,7 +227,7 @@ def _host_compute(graph, tid: int) -> tuple[np.ndarray, np.ndarray]:
     if host is not None and host.trace is tr:  # the gap classifier's index: the same launch calls, sorted
         ls = host.launch_starts.get(int(tid), z)
     elif len(rt):
-        m = (rt["tid"].to_numpy() == tid) & rt["api_kind"].isin(("launch", "graph_launch", "memcpy", "memset")).to_numpy()
+        m = (rt["tid"].to_numpy() == tid) & rt["api_kind"].isin(LAUNCH_API_KINDS).to_numpy()
         ls = np.sort(rt["start_ns"].to_numpy(dtype=np.int64)[m])
     else:
         ls = z
@@ -585,7 +585,9 @@ def _launch_like(graph) -> np.ndarray:
         hit = np.zeros(len(rt), dtype=bool)
         hit[graph.launch[graph.launch >= 0]] = True
         if len(rt):
-            hit |= rt["api_kind"].isin(("launch", "graph_launch", "memcpy", "memset")).to_numpy()
+            from diagnose.analyzers.hostcause import LAUNCH_API_KINDS
+
+            hit |= rt["api_kind"].isin(LAUNCH_API_KINDS).to_numpy()
             # a copy that blocked by API (hipMemcpyWithStream...) is still a copy call
         graph.cache[key] = hit
     return hit

@@ -361,9 +361,8 @@ def retime(g: D.DepGraph, start_ns: int, end_ns: int, members: np.ndarray, remov
     if REFERENCE_WALK is None:
         _walk_fast(order, typ, ref, len(ops), d_op, d_ce, op_args, cs_args, ce_args, start_ns)
     else:
-        REFERENCE_WALK(order.tolist(), typ.tolist(), ref.tolist(), d_op, d_cs, d_ce, *([a.tolist() for a in args]
-                                                                                      for args in (op_args, cs_args[:3], ce_args)),
-                       start_ns)
+        lists = ([a.tolist() for a in args] for args in (op_args, cs_args[:3], ce_args))  # the reference reads lists
+        REFERENCE_WALK(order.tolist(), typ.tolist(), ref.tolist(), d_op, d_cs, d_ce, *lists, start_ns)
     m = members - o_lo
     inside = (m >= 0) & (m < len(ops))
     shift = np.zeros(len(members), dtype=np.int64)

@@ -57,7 +57,6 @@ import msgspec
 
 from diagnose.errors import TraceFormatError
 from diagnose.trace.kineto_columns import _Columns
-from diagnose.trace.memory import writable_again
 from diagnose.trace.workerpipe import receive_state, send_state
 from diagnose.trace.kineto_events import _any_dec, _as_int, _decode_lenient, _Event, _StrictEvent
 from diagnose.trace.reading import read_bytes_partial
@@ -615,8 +614,6 @@ class _Forked:
             raise
         finally:
             self.done.close()
-        if children:  # every child has exited: the document's pages, shared with them, writable again in one call
-            writable_again(self.src.obj)
         cols = _Columns(self.base_ns)
         for i, share in enumerate(shares):
             state = states.get(i)

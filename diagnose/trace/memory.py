@@ -51,24 +51,6 @@ def _populate(libc, addr: int, size: int) -> None:
         libc.madvise(start, end - start, _MADV_POPULATE_WRITE)
 
 
-def writable_again(buf: bytes) -> None:
-    """Map every page of ``buf`` writable at once (``MADV_POPULATE_WRITE``; its contents do
-    not change). After forked children that shared ``buf`` copy-on-write have exited, each
-    of its pages is still write-protected: the first write to it after ``buf`` is freed (the
-    analysis reusing that memory) takes one page fault each, 39,000 for the 255 MB document;
-    here one call makes them all writable. Nothing off Linux CPython or for a small ``buf``."""
-    if len(buf) < MIN_BYTES or not sys.platform.startswith("linux") or sys.implementation.name != "cpython":
-        return
-    try:
-        import ctypes
-
-        addr = ctypes.cast(ctypes.c_char_p(buf), ctypes.c_void_p).value
-        if addr:
-            _populate(_libc(), addr, len(buf))
-    except (OSError, AttributeError, ValueError, TypeError):
-        pass
-
-
 def filled_bytes(size: int, fill: Callable[[memoryview], int]) -> bytes | None:
     """A new ``bytes`` of ``size`` bytes, its pages mapped at once, written by ``fill(view)``
     (a writable byte view of it) before anyone else sees it; ``fill`` returns how many bytes

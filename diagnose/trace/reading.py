@@ -139,9 +139,10 @@ def _inflate(raw: bytes, decompressobj, limit: int | None) -> tuple[list[bytes],
 def _inflate_large(raw: bytes, limit: int | None) -> bytes | None:
     """A large single-member gzip file inflated with ISA-L straight into a ``bytes`` whose
     pages are mapped at once (:func:`diagnose.trace.memory.filled_bytes`: no page fault per
-    4 KiB written, no copy of a growing buffer); None (the caller inflates as usual, and classifies any error) unless the gzip
-    trailer's size field is exactly the size inflated and the stream then ends cleanly, CRC
-    checked: a file of several members, over 4 GiB, cut, corrupt or beyond ``limit``."""
+    4 KiB written, no copy of a growing buffer); None (the caller inflates as usual, and
+    classifies any error) unless the gzip trailer's size field is exactly the size inflated
+    and the stream then ends cleanly, CRC checked: a file of several members, over 4 GiB, cut,
+    corrupt or beyond ``limit``."""
     size = int.from_bytes(raw[-4:], "little")  # ISIZE: the last member's size modulo 2**32
     if isal_zlib is None or size < memory.MIN_BYTES or (limit is not None and size > limit):
         return None
