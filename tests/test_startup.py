@@ -204,6 +204,35 @@ def test_run_collects_young_objects_less_often_then_restores(monkeypatch):
     assert result.exit_code == 2 and gc.get_threshold() == before
 
 
+def test_restoring_the_threshold_walks_no_young_objects():
+    """Setting CPython's 700 back after `run` collects nothing at once: the containers `run`
+    left young (5,000 here) go to the oldest generation unvisited, and objects another
+    program froze stay frozen."""
+    import gc
+
+    import diagnose.cli as cli
+
+    before = gc.get_threshold()
+    gc.set_threshold(1_000_000, *before[1:])
+    try:
+        young = [[i] for i in range(5_000)]
+        assert gc.get_count()[0] > 4_000  # (frees since the last collection count down)
+        collections = gc.get_stats()[0]["collections"]
+        cli._restore_gc_threshold(before)
+        more = [[i] for i in range(100)]  # under 700 new containers: no collection now
+        assert gc.get_stats()[0]["collections"] == collections and gc.get_threshold() == before
+        assert gc.get_count()[0] < 700 and len(young) + len(more) == 5_100
+        gc.freeze()
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        gc.set_threshold(1_000_000, *before[1:])
+        cli._restore_gc_threshold(before)
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+
+
 def test_progress_bar_needs_a_terminal_before_rich_is_imported(monkeypatch):
     """``diagnose run`` imports rich for its progress bar only where rich's console could find
     stderr a terminal: a TTY, or TTY_COMPATIBLE / FORCE_COLOR set (rich's own test)."""
