@@ -110,3 +110,25 @@ def test_last_above_is_the_walk_up_the_parents(seed: int) -> None:
     got = last_above(e, np.searchsorted(s, t, side="right"), t, strict=False)
     assert got.tolist() == want
     assert last_above(e, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)).tolist() == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_host_cause_innermost_event_is_the_latest_started_still_running(seed: int) -> None:
+    """hostcause's thread index: the parent of each event is the latest earlier one ending at
+    or after its end, and the innermost event at a time (walked up those parents) is the
+    latest-started event with start <= t < end, by brute force, on nested, partly
+    overlapping, zero-length and equal-start events."""
+    from diagnose.analyzers.hostcause import _nesting, _Thread
+
+    rng = np.random.default_rng(seed)
+    for n, spread in ((0, 5), (1, 5), (40, 3), (300, 60), (300, 2000)):
+        s, e = _intervals(rng, n, spread)
+        depth, parent = _nesting(s, e)
+        want_parent = [max((j for j in range(i) if e[j] >= e[i]), default=-1) for i in range(n)]
+        assert parent.tolist() == want_parent
+        th = _Thread(0, s, e, np.zeros(n, dtype=object), depth, parent, np.zeros(0, dtype=np.int64),
+                     np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                     np.zeros(0, dtype=np.int64))
+        t = np.concatenate((rng.integers(-5, 1100 + spread, 300), s, e))
+        want = [max((j for j in range(n) if s[j] <= x < e[j]), default=-1) for x in t.tolist()]
+        assert th.innermost(t).tolist() == want

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analyzers.base import declared
-from diagnose.analyzers.nesting import lexsort
+from diagnose.analyzers.nesting import last_above, lexsort
 from diagnose.trace.model import Trace, factorize
 from diagnose.vocab import CATEGORIES
 
@@ -85,8 +85,6 @@ def _sized_ops(trace: Trace, acts: pd.DataFrame, idx: np.ndarray) -> np.ndarray:
     ``trace.cpu_ops``, -1 none): the op its External id names when that op has shapes, else
     the innermost op with shapes enclosing its launch call on the launching thread (NCCL
     kernels are often linked to a bookkeeping op while ``nccl:all_reduce`` holds the shapes)."""
-    from diagnose.analyzers.hostcause import _last_covering, _max_table
-
     ops = trace.cpu_ops
     dims = ops["input_dims"].to_numpy(dtype=object)
     has_shape = re.compile(rb"\d")  # at least one tensor dimension ("[[], []]" holds no size)
@@ -121,7 +119,7 @@ def _sized_ops(trace: Trace, acts: pd.DataFrame, idx: np.ndarray) -> np.ndarray:
         if not len(rows):
             continue
         rows = rows[lexsort((-(e[rows] - s[rows]), s[rows]))]
-        j = _last_covering(_max_table(e[rows]), np.searchsorted(s[rows], ls[q], side="right"), ls[q])
+        j = last_above(e[rows], np.searchsorted(s[rows], ls[q], side="right"), ls[q])
         out[q[j >= 0]] = rows[j[j >= 0]]
     return out
 

@@ -57,7 +57,7 @@ import numpy as np
 import pandas as pd
 
 from diagnose.analyzers.hostsource import host_sources, thread_events
-from diagnose.analyzers.nesting import lexsort, sorted_unique
+from diagnose.analyzers.nesting import lexsort, prev_exceeding, sorted_unique
 from diagnose.trace.model import NO_TIME, Trace, per_unique
 from diagnose.vocab import HOST_CAUSES
 
@@ -165,8 +165,7 @@ class _Thread:
     end: np.ndarray
     names: np.ndarray  # event names, then the overhead events' names
     depth: np.ndarray
-    parent: np.ndarray
-    levels: list  # max table of the ends (innermost-event lookups)
+    parent: np.ndarray  # the latest-started earlier event that ends at or after this one's end (-1 none)
     bounds: np.ndarray
     seg_cls: np.ndarray
     seg_name: np.ndarray
@@ -175,11 +174,21 @@ class _Thread:
 
     def innermost(self, t: np.ndarray) -> np.ndarray:
         """Index of the innermost event covering each time ``t`` (-1 none): the latest-started
-        event still running at ``t``."""
-        if len(self.start) == 0:
-            return np.full(len(t), -1, dtype=np.int64)
-        pos = np.searchsorted(self.start, t, side="right")
-        return _last_covering(self.levels, pos, np.asarray(t, dtype=np.int64))
+        event still running at ``t``, the largest ``j`` with ``start[j] <= t < end[j]``.
+
+        From the last event started at or before ``t``, up the parents while the event has
+        ended (a step per level; most instants need none). The parent ``p`` of an event ``k``
+        ending at or before ``t`` is the largest ``j < k`` with ``end[j] >= end[k]``: every
+        event between them ends before ``end[k]`` (so before ``t``), and every event still
+        running at ``t`` ends after ``end[k]``, so is ``p`` or earlier."""
+        t = np.asarray(t, dtype=np.int64)
+        k = np.searchsorted(self.start, t, side="right") - 1
+        e, parent = self.end, self.parent
+        todo = np.flatnonzero((k >= 0) & (e[np.maximum(k, 0)] <= t)) if len(e) else np.zeros(0, dtype=np.int64)
+        while len(todo):
+            k[todo] = kt = parent[k[todo]]
+            todo = todo[(kt >= 0) & (e[np.maximum(kt, 0)] <= t[todo])]
+        return k
 
     def chain(self, i: int) -> list[int]:
         """Event ``i`` and its ancestors, outermost first."""
@@ -303,7 +312,7 @@ class HostCauses:
         n = len(s)
         order = lexsort((-(e - s), s))
         s, e, kind, names, src = s[order], e[order], kind[order], names[order], src[order]
-        depth, parent, levels = _nesting(s, e)
+        depth, parent = _nesting(s, e)
         flags = _name_flags(names, kind)
         launches = self.launches_in(tid, s, e)
         flags |= np.where(launches > 0, 0, _B["launchless_user"]) * (kind <= _K["range"])
@@ -324,7 +333,7 @@ class HostCauses:
         ov_s, ov_e, ov_cls, ov_names = self._overhead_arrays()
         gs, ge = self.graph_ctx
         bounds = sorted_unique(np.concatenate((s, e, ov_s, ov_e, gs, ge, [-_FAR, _FAR])))
-        th = _Thread(tid, s, e, np.concatenate((names, ov_names)), depth, parent, levels, bounds,
+        th = _Thread(tid, s, e, np.concatenate((names, ov_names)), depth, parent, bounds,
                      np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int64), ua, ub)
         t = bounds[:-1]
         inner = th.innermost(t)
@@ -508,53 +517,23 @@ def _explain_thread(th: _Thread, idx: np.ndarray, a: np.ndarray, b: np.ndarray, 
                          "name": th.names[key[first] % m].astype(object), "ns": ns[first]})
 
 
-def _max_table(e: np.ndarray) -> list[np.ndarray]:
-    """Sparse table of running maxima: level b holds max(e[x : x + 2**b]) for each x."""
-    levels = [np.asarray(e, dtype=np.int64)]
-    b = 1
-    while b < len(e):
-        prev = levels[-1]
-        levels.append(np.maximum(prev[:-b], prev[b:]) if len(prev) > b else prev[:0])
-        b *= 2
-    return levels
-
-
-def _last_covering(levels: list[np.ndarray], pos: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Per query, the largest index j < pos whose end is after t (-1 none): among events sorted
-    by start, the innermost one still running at t when the first ``pos`` started at or before t."""
-    pos = np.asarray(pos, dtype=np.int64).copy()
-    for b in range(len(levels) - 1, -1, -1):
-        w = 1 << b
-        lv = levels[b]
-        ok = pos - w >= 0
-        idx = np.where(ok, pos - w, 0)
-        blockmax = np.where(ok & (idx < len(lv)), lv[np.minimum(idx, max(len(lv) - 1, 0))] if len(lv) else 0, np.iinfo(np.int64).max)
-        skip = ok & (blockmax <= t)  # nothing in [pos - w, pos) runs past t
-        pos = np.where(skip, pos - w, pos)
-    j = pos - 1
-    e0 = levels[0]
-    return np.where((j >= 0) & (e0[np.maximum(j, 0)] > t), j, -1)
-
-
-def _nesting(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-    """For events sorted by (start, -duration): depth (1 = outermost), parent (the latest
-    event started before it that runs until its end or later: it encloses it; -1 none) and the
-    max table for innermost-event lookups. Tolerates events that overlap without nesting: a
-    range that starts inside a frame and outlives it (a record_function range opened in
-    ``__enter__``) is not that frame's child."""
+def _nesting(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For events sorted by (start, -duration): depth (1 = outermost) and parent (the latest
+    event started before it that runs until its end or later: it encloses it; -1 none).
+    Tolerates events that overlap without nesting: a range that starts inside a frame and
+    outlives it (a record_function range opened in ``__enter__``) is not that frame's child."""
     n = len(s)
-    levels = _max_table(e)
     if n == 0:
         z = np.zeros(0, dtype=np.int64)
-        return z, z, levels
-    parent = _last_covering(levels, np.arange(n), e - 1)  # the latest-started event running until its end
+        return z, z
+    parent = prev_exceeding(e, e - 1)  # the latest-started event running until its end
     depth = np.ones(n, dtype=np.int64)
     anc = parent.copy()
     while (anc >= 0).any():
         has = anc >= 0
         depth += has
         anc = np.where(has, parent[np.maximum(anc, 0)], -1)
-    return depth, parent, levels
+    return depth, parent
 
 
 def _levels(depth: np.ndarray) -> list[np.ndarray]:
