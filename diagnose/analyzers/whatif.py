@@ -311,6 +311,23 @@ class _Chains:
         self.prev = prev
         self.of_row = np.full(len(g.rt_start), -1, dtype=np.int64)  # runtime row -> its position (-1: none)
         self.of_row[self.row] = np.arange(len(self.row))
+        self._orders: dict[tuple[int, int, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def walk_order(self, g: D.DepGraph, o_lo: int, o_hi: int, c_lo: int, c_hi: int) -> tuple[np.ndarray, ...]:
+        """The events of the window of activities [o_lo, o_hi) and calls [c_lo, c_hi) as
+        :func:`retime` walks them: (type, window position, walk order) of the call ends, call
+        starts and activity starts concatenated, ordered by time then type. Kept per window:
+        every scenario re-timing a step walks the same order."""
+        key = (o_lo, o_hi, c_lo, c_hi)
+        got = self._orders.get(key)
+        if got is None:
+            calls, ops = np.arange(c_lo, c_hi), np.arange(o_lo, o_hi)
+            t = np.concatenate((self.end[calls], self.start[calls], g.start[ops]))
+            typ = np.concatenate((np.full(len(calls), _CALL_END), np.full(len(calls), _CALL_START),
+                                  np.full(len(ops), _OP_START)))
+            ref = np.concatenate((calls - c_lo, calls - c_lo, ops - o_lo))
+            got = self._orders[key] = (typ, ref, lexsort((typ, t)))
+        return got
 
 
 def _chains(g: D.DepGraph) -> _Chains:
@@ -348,10 +365,7 @@ def retime(g: D.DepGraph, start_ns: int, end_ns: int, members: np.ndarray, remov
             removed += int(np.maximum(e - s - (_measure(removal, ch.tid[blk], e) - _measure(removal, ch.tid[blk], s)), 0).sum())
     if removed == 0:
         return int(g.end[members].max()), 0
-    t = np.concatenate((ch.end[calls], ch.start[calls], g.start[ops]))
-    typ = np.concatenate((np.full(len(calls), _CALL_END), np.full(len(calls), _CALL_START), np.full(len(ops), _OP_START)))
-    ref = np.concatenate((calls - c_lo, calls - c_lo, ops - o_lo))
-    order = lexsort((typ, t))
+    typ, ref, order = ch.walk_order(g, o_lo, o_hi, c_lo, c_hi)
     op_args = _op_terms(g, ch, ops, np.where(lag_gone, 0, lag), removal, start_ns, (o_lo, o_hi), (c_lo, c_hi))
     cs_args = _call_start_terms(ch, calls, removal, start_ns, c_lo)
     ce_args = _call_end_terms(g, ch, calls, removal, (o_lo, o_hi))
