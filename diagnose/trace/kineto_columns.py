@@ -259,8 +259,22 @@ class _Raw:
         self._ints: np.ndarray | None = None  # the pids when all are ints
         self._labels: list | None = None
 
+    def _exact_ints(self, get) -> np.ndarray | None:
+        """``get`` of every event as int64 when each is an int that fits (strict schema: ints
+        read in C, no list), else None (a str, None or a huge int: the caller reads values)."""
+        if not self.strict:
+            return None
+        try:
+            return np.fromiter(map(operator.index, map(get, self.evs)), np.int64, self.n)
+        except (TypeError, OverflowError):
+            return None
+
     def _pid_values(self) -> list:
         if self._pids is None:
+            self._ints = self._exact_ints(_get_pid)
+            if self._ints is not None:  # no rank label: those are text
+                self._pids = []
+                return self._pids
             vals = list(map(_get_pid, self.evs))
             self._ints = _int64(vals)
             if self._ints is None and any(type(v) is str for v in vals):
@@ -284,7 +298,8 @@ class _Raw:
         return self._labels
 
     def tid(self, default: int = -1) -> np.ndarray:
-        return _ids(list(map(_get_tid, self.evs)), default)
+        ints = self._exact_ints(_get_tid)
+        return ints if ints is not None else _ids(list(map(_get_tid, self.evs)), default)
 
     def arg(self, field: str) -> np.ndarray:
         get = operator.attrgetter(field)
@@ -398,7 +413,9 @@ def _gpu_columns(r: _Raw, kind: str, base_ns: int) -> tuple[dict, np.ndarray]:
     device = r.arg("device")
     device = np.where((device == _MISSING) | (device == -2), np.where(pid == _MISSING, 0, pid), device)
     stream = r.arg("stream")
-    stream = np.where((stream == _MISSING) | (stream == -2), r.tid(0), stream)
+    no_stream = (stream == _MISSING) | (stream == -2)
+    if no_stream.any():  # the thread id stands for the stream (read only then)
+        stream = np.where(no_stream, r.tid(0), stream)
     d = {"kind": kinds, "name": names, "device": device, "stream": stream, "start_ns": start, "end_ns": end,
          "correlation": r.arg_or("correlation", -1), "external_id": r.external_id(), "bytes": r.arg_or("bytes", -1),
          "pid": np.where(pid == _MISSING, -1, pid)}
