@@ -35,6 +35,7 @@ from diagnose.analyzers.categories import CATEGORY_NAMES, base_name, category_id
 from diagnose.analyzers.opcost import _CAUSAL_ARG, _flag
 from diagnose.analyzers.stepphase import SAMPLER_OPS, VOCAB_MIN, _is_int_list
 from diagnose.analyzers.structure import CONV_KERNEL, SIM, weighted_jaccard_pairs
+from diagnose.patterns import ascii_folded
 from diagnose.trace.kineto import parse_input_dims
 from diagnose.trace.model import Trace, factorize
 
@@ -136,7 +137,8 @@ def trace_evidence(trace: Trace) -> Evidence:
         dur = (g["end_ns"] - g["start_ns"]).to_numpy()
 
         def flag_of(rx):
-            return np.array([bool(rx.search(str(n))) for n in names] + [False], dtype=bool)[codes] & is_kernel
+            found = ascii_folded(rx)
+            return np.array([found(str(n)) for n in names] + [False], dtype=bool)[codes] & is_kernel
 
         conv, kvk, bwk = flag_of(CONV_KERNEL), flag_of(KV_CACHE_KERNEL), flag_of(BACKWARD_KERNEL)
         gm = np.isin(cat, ("gemm", "moe")) & is_kernel & ~conv
