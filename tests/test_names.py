@@ -78,3 +78,26 @@ def test_frame_builds_categorical_names_from_strings():
     assert f["name"].dtype == "category" and f["api_kind"].dtype == object
     assert list(f["name"].cat.categories) == ["cudaLaunchKernel", "cudaMemcpyAsync"]
     assert frame(model.GPU_COLUMNS)["name"].dtype == "category"  # empty frames too
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int64])
+def test_first_seen_check_in_the_codes_own_width(dtype):
+    """``model._first_seen`` (codes already their own first-seen factorization, every value
+    used) on int8/int16/int64 codes, by brute force: orders, gaps, missing (-1) codes, and
+    int8 codes up to 127 (where ``top + 1`` would wrap)."""
+    rng = np.random.default_rng(3)
+    top = int(np.iinfo(dtype).max) if dtype is np.int8 else 300
+
+    def brute(codes: list[int], k: int) -> bool:
+        return len(codes) > 0 and k > 0 and _first_seen(codes)[0] == codes and len(set(codes)) == k and min(codes) >= 0
+
+    cases = [([], 0), ([0], 1), ([-1], 0), ([0, -1], 1), ([1, 0], 2), ([0, 2, 1], 3), ([0, 1, 1, 0], 2), ([0, 1], 3),
+             (list(range(top + 1)) + [top, 0], top + 1), (list(range(top)) + [top + 1 if dtype is not np.int8 else -1], top)]
+    for n in (1, 5, 50, 400):
+        for k in (1, 3, 40, top + 1):
+            c = np.concatenate((np.arange(min(k, n)), rng.integers(-1 if n % 2 else 0, k, n))).tolist()
+            cases.append((c, k))
+            cases.append((_first_seen(c)[0], len(set(c))))
+    for codes, k in cases:
+        got = model._first_seen(np.array(codes, dtype=dtype), k)
+        assert got == (brute(codes, k) or (not codes and k == 0)), (codes[:12], k)

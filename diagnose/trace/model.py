@@ -126,9 +126,12 @@ def _first_seen(codes: np.ndarray, k: int) -> bool:
     n = len(codes)
     if n == 0 or k == 0 or k > n:
         return n == 0 and k == 0
-    c = codes.astype(np.int32, copy=False)
-    top = np.maximum.accumulate(c)
-    return bool(c[0] == 0 and top[-1] == k - 1 and c.min() >= 0 and (c[1:] <= top[:-1] + 1).all())
+    c = codes if codes.dtype.kind == "i" else codes.astype(np.int64)
+    top = np.maximum.accumulate(c)  # in the codes' own width (int8/int16 for most name columns)
+    if c[0] != 0 or top[-1] != k - 1:
+        return False
+    # c - top lies in [-1 - max, max] once c[0] == 0: no overflow, unlike top + 1
+    return bool((np.subtract(c[1:], top[:-1]) <= 1).all() and c.min() >= 0)
 
 
 def _recode(codes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
