@@ -8,7 +8,8 @@ code base emits is listed here (and that nothing listed is never emitted).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
+
 
 #: Phases of a report row; ``all`` is everything on a device, ``unknown`` activity no step claims.
 PHASES = ("all", "prefill", "decode", "mixed", "unknown")
@@ -44,8 +45,7 @@ UNREPRESENTATIVE_TRACE_TYPES: tuple[str, ...] = ("graph_capture", "fragment")
 SCOPES = ("trace", "sweep", "compare", "metrics")
 
 
-@dataclass(frozen=True)
-class Category:
+class Category(msgspec.Struct, frozen=True):
     """A kernel category: ``name``, plot colour, whether ``<phase>.<name>_share`` is a finding."""
 
     name: str
@@ -78,6 +78,8 @@ GAP_KINDS = ("launch", "graph", "other", "unattributed")
 #: The cause table (``diagnose/data/causes.yaml``, :mod:`diagnose.cause_table`): every cause
 #: of GPU waiting with its label, whether it is external to the step, its colour and its levers;
 #: and the levers. Nothing here defines a cause, a colour or a lever: these names read the table.
+import msgspec
+
 from diagnose.cause_table import Cause, Lever, cause_table  # noqa: E402
 
 GAP_CAUSE_TABLE: tuple[Cause, ...] = tuple(cause_table().causes)
@@ -119,8 +121,7 @@ LEVER_TABLE: tuple[Lever, ...] = tuple(cause_table().levers)
 LEVERS = {lv.name: lv for lv in LEVER_TABLE}
 
 
-@dataclass(frozen=True)
-class QualityCode:
+class QualityCode(msgspec.Struct, frozen=True):
     """A report quality code: its meaning (README table) and whether it makes numbers unreliable."""
 
     code: str

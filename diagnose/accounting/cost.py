@@ -2,8 +2,9 @@
 MoE layer touches, :func:`step_cost` per step and rank, and the analytic bounds."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Literal
+
+import msgspec
 
 from diagnose.errors import DiagnoseError
 from diagnose.accounting.units import _positive_arg, _positive_float
@@ -34,8 +35,7 @@ def experts_touched(num_experts: int, top_k: int, tokens: float) -> float:
 
 
 
-@dataclass(frozen=True)
-class PrefillFlops:
+class PrefillFlops(msgspec.Struct, frozen=True):
     """FLOPs of one prefill forward pass over ``batch`` prompts of ``prompt_len`` tokens.
 
     Conventions (docs/prefill-decode.md section 2): one multiply-add = 2 FLOPs. ``causal`` counts half
@@ -196,8 +196,7 @@ def prefill_bytes(
 
 
 
-@dataclass(frozen=True)
-class DecodeStep:
+class DecodeStep(msgspec.Struct, frozen=True):
     """Bytes and FLOPs of one decode step (one new token for each of ``batch`` sequences),
     on one tensor-parallel rank.
 
@@ -317,8 +316,7 @@ def decode_step(
 
 
 
-@dataclass(frozen=True)
-class SeqSums:
+class SeqSums(msgspec.Struct, frozen=True):
     """Sums over the sequences of one engine step (vLLM v1 step markers
     ``execute_T_context_N(sqA skB sqsqC sqskD)_generation_M(...)``, both groups added).
 
@@ -342,8 +340,7 @@ class SeqSums:
         return self.qk_sum - self.q_sq_sum / 2 + self.q_tokens / 2
 
 
-@dataclass(frozen=True)
-class CostTerm:
+class CostTerm(msgspec.Struct, frozen=True):
     """One term of a step's FLOPs and bytes, with where each number comes from.
 
     Attributes:
@@ -365,8 +362,7 @@ class CostTerm:
     bytes_source: str | None
 
 
-@dataclass(frozen=True)
-class StepCost:
+class StepCost(msgspec.Struct, frozen=True):
     """Analytic FLOPs and bytes of one engine step, on one tensor-parallel rank.
 
     Attributes:
@@ -390,7 +386,7 @@ class StepCost:
     expert_bytes: float
     kv_bytes: float | None
     experts_touched_per_layer: float | None
-    assumptions: tuple[str, ...] = field(default_factory=tuple)
+    assumptions: tuple[str, ...] = msgspec.field(default_factory=tuple)
     terms: tuple[CostTerm, ...] = ()
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+
+import msgspec
 
 from diagnose.errors import DiagnoseError
 from diagnose.accounting.units import (
@@ -52,8 +53,7 @@ def _kv_dtype(spec: ModelSpec, kv_dtype: str | None, default: str = "fp16") -> s
     return _check_dtype(kv_dtype, "KV dtype")
 
 
-@dataclass(frozen=True)
-class KvLayout:
+class KvLayout(msgspec.Struct, frozen=True):
     """KV-cache elements per token on one tensor-parallel rank, by attention window.
 
     Attributes:
@@ -162,8 +162,7 @@ def kv_sequence_bytes(spec: ModelSpec, seq_len: int, kv_dtype: str | None = "fp1
 
 
 
-@dataclass(frozen=True)
-class KvBudget:
+class KvBudget(msgspec.Struct, frozen=True):
     """KV-cache footprint of a batch and, when memory is known, the concurrency ceiling.
 
     Attributes:
@@ -298,8 +297,7 @@ def kv_budget(
     )
 
 
-@dataclass(frozen=True)
-class KvPlan:
+class KvPlan(msgspec.Struct, frozen=True):
     """The answer to "how much KV cache, and how many sequences fit" for one model and
     sequence length: the ``diagnose kv-budget`` result, and one row of the web KV page.
 

@@ -3,16 +3,16 @@ fbgemm_fp8, FP8 compressed-tensors, mxfp4, AWQ, GPTQ, bitsandbytes; ``modules_to
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
+
+import msgspec
 
 from diagnose.errors import DiagnoseError
 from diagnose.accounting.units import UnsupportedModelConfig
 
 
-@dataclass(frozen=True)
-class QuantSpec:
+class QuantSpec(msgspec.Struct, frozen=True):
     """Weight quantization read from ``quantization_config``.
 
     Attributes:

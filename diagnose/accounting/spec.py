@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from diagnose.errors import DiagnoseError
 from diagnose.inputs import check_model_sizes, parsing, read_text_file
@@ -65,8 +66,7 @@ _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 
-@dataclass(frozen=True)
-class MoeSpec:
+class MoeSpec(msgspec.Struct, frozen=True):
     """Mixture-of-experts shape, in Hugging Face config terms.
 
     Attributes:
@@ -94,8 +94,7 @@ class MoeSpec:
         return sum(self.moe_layers)
 
 
-@dataclass(frozen=True)
-class MlaSpec:
+class MlaSpec(msgspec.Struct, frozen=True):
     """Multi-head latent attention (DeepSeek-V2/V3), config names.
 
     Attributes:
@@ -226,8 +225,7 @@ def _check_unsupported(src: Mapping[str, Any]) -> None:
 
 
 
-@dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(msgspec.Struct, frozen=True):
     """Shape of a decoder-only transformer, in Hugging Face ``config.json`` names.
 
     Dense GQA models need only the first eight fields; MoE, MLA, sliding windows and

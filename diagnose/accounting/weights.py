@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 from fractions import Fraction
+
+import msgspec
 
 from diagnose.errors import DiagnoseError
 from diagnose.accounting.units import DTYPE_BITS, GB, INT4_GROUP_SIZE, INT4_SCALE_BYTES, UNQUANTIZED_BITS, _check_dtype, _check_tp
@@ -13,8 +14,7 @@ from diagnose.accounting.quant import QuantSpec, _module_excluded
 from diagnose.accounting.spec import ModelSpec
 
 
-@dataclass(frozen=True)
-class _Mat:
+class _Mat(msgspec.Struct, frozen=True):
     """One weight matrix on one tensor-parallel rank (``count`` copies: experts)."""
 
     role: str  # attention | mlp | shared_expert | expert | router | embedding | lm_head | tied
@@ -163,8 +163,7 @@ def _matrix_bits(m: _Mat, quant: QuantSpec | None, override: str | None, layers:
     return total
 
 
-@dataclass(frozen=True)
-class ModelWeights:
+class ModelWeights(msgspec.Struct, frozen=True):
     """Weight storage of one tensor-parallel rank, split the way a decode step reads it.
 
     Attributes:
@@ -325,8 +324,7 @@ def model_weights(spec: ModelSpec, weight_dtype: str | None = None, tp: int = 1)
 
 
 
-@dataclass(frozen=True)
-class WeightBytes:
+class WeightBytes(msgspec.Struct, frozen=True):
     """Weight storage, split into quantized values and quantization scales.
 
     Attributes:

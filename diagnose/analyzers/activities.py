@@ -9,8 +9,8 @@ low, the names of the numbers that become unreliable.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -24,8 +24,7 @@ from diagnose.trace.model import NO_TIME, QualityIssue, Trace, factorize
 FINDINGS = declared("activities")
 
 
-@dataclass(frozen=True)
-class Activities:
+class Activities(msgspec.Struct, frozen=True):
     """The GPU activity table and what it says about the trace.
 
     Attributes:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -54,8 +55,7 @@ from diagnose.analyzers.opcost import (  # noqa: E402  (re-exported)
 SHAPE_TERMS = ("gemm", "attention", "moe")
 
 
-@dataclass(frozen=True)
-class ShapeFlops:
+class ShapeFlops(msgspec.Struct, frozen=True):
     """FLOPs and operand bytes from operator shapes, per step (int64/float arrays aligned with
     the step table).
 
@@ -490,8 +490,7 @@ NO_ATTAINMENT = Attainment(flops=None, bytes=None, achieved_tflops=None, achieve
                            attainment_missing=["computed per step phase (prefill, decode, mixed) only"])
 
 
-@dataclass(frozen=True)
-class AttainmentPrep:
+class AttainmentPrep(msgspec.Struct, frozen=True):
     """What attainment needs per phase, prepared once per trace.
 
     Attributes:

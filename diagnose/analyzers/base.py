@@ -11,13 +11,13 @@ declarations; :func:`diagnose.findings.flatten` computes the values from the rep
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+
+import msgspec
 
 from diagnose.trace.model import QualityIssue
 
 
-@dataclass(frozen=True)
-class Finding:
+class Finding(msgspec.Struct, frozen=True):
     """A finding an analyzer produces.
 
     Attributes:

@@ -15,8 +15,8 @@ its launch call.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -30,8 +30,7 @@ FINDINGS = declared("collectives")
 _COMM = CATEGORIES.index("communication")
 
 
-@dataclass(frozen=True)
-class Collectives:
+class Collectives(msgspec.Struct, frozen=True):
     """Per activity row (aligned with the activity table): ``wait_ns`` (excess over the fastest
     call of its collective and size; 0 for anything else) and ``comm_ns`` (its communication
     part: the fastest call's duration, or its whole duration when its size is unknown);

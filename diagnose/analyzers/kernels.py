@@ -728,8 +728,7 @@ KERNEL_TABLE_ROWS = 20
 FINDINGS = ()
 
 
-@dataclass(frozen=True)
-class KernelSection:
+class KernelSection(msgspec.Struct, frozen=True):
     """The kernel table of the analysed trace (the whole DataFrame; the report keeps its top
     :data:`KERNEL_TABLE_ROWS` rows), what ``--capture-trace`` mapped, and the reworded
     ``graph_kernels_no_launch`` note once the capture mapped graph kernels to ops."""
@@ -738,7 +737,7 @@ class KernelSection:
     rows: list[KernelRow]
     capture: Capture | None = None
     notes: tuple[QualityIssue, ...] = ()
-    per_kernel: dict = dataclasses.field(default_factory=dict)
+    per_kernel: dict = msgspec.field(default_factory=dict)
 
 
 def kernel_section(trace: Trace, activities: pd.DataFrame, steps: pd.DataFrame, peak: GpuPeak | None,

@@ -8,8 +8,8 @@ the per-activity links, :func:`launch_stats` the report's ``launches`` section.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -142,15 +142,14 @@ def _inductor_kernels(g: pd.DataFrame) -> int:
 
 
 
-@dataclass(frozen=True)
-class LaunchLinks:
+class LaunchLinks(msgspec.Struct, frozen=True):
     """:func:`link_launches` per GPU activity (with ``clock_skewed``), and the notes: no GPU
     activity, unlinked activities, clock skew, graph-replayed kernels."""
 
     frame: pd.DataFrame
     notes: tuple[QualityIssue, ...] = ()
     #: start times (int64 ns) of launch calls no GPU record answers (``orphan_launches``)
-    orphan_launch_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    orphan_launch_ns: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def launch_links(trace: Trace) -> LaunchLinks:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -123,8 +124,7 @@ class Kernels:
                    col("correlation", np.int64), op, flops, byt, module, role)
 
 
-@dataclass(frozen=True)
-class LayerSection:
+class LayerSection(msgspec.Struct, frozen=True):
     """The report's ``coverage``, ``layer_segmentation`` and ``layers`` records, and per
     kernel activity its forward, part, layer and op class (``frame``: index = position in the
     activity table; for the notebook and the web report's heat strip)."""

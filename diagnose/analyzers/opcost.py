@@ -60,9 +60,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from diagnose.patterns import clip
@@ -154,8 +154,7 @@ custom ops are not counted this way: their arguments often include whole tables 
 which they touch a few rows (KV-cache pools, embedding tables, RoPE caches)."""
 
 
-@dataclass(frozen=True)
-class SeqInfo:
+class SeqInfo(msgspec.Struct, frozen=True):
     """Sequence statistics of one engine step, for attention ops whose shapes hold only totals.
 
     Attributes:
@@ -174,8 +173,7 @@ class SeqInfo:
     qk_sum: int | None = None
 
 
-@dataclass(frozen=True)
-class MoeLayerBytes:
+class MoeLayerBytes(msgspec.Struct, frozen=True):
     """Routed-expert bytes one MoE layer reads in each step, on one rank: the step's
     ``expert_bytes`` of :func:`diagnose.accounting.step_cost` (the number inside the step's
     MBU) divided by the MoE layers, so the per-layer figures of a step add up to it. Built
@@ -204,8 +202,7 @@ class MoeLayerBytes:
     moe_layers: int
 
 
-@dataclass(frozen=True)
-class OpCost:
+class OpCost(msgspec.Struct, frozen=True):
     """FLOPs and bytes of one operator call.
 
     Attributes:

@@ -29,9 +29,9 @@ launches) hold the activities that start inside them.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -45,8 +45,7 @@ from diagnose.trace.model import NO_TIME, QualityIssue, Trace, factorize
 from diagnose.vocab import STEP_PHASES as PHASES  # noqa: E402
 
 
-@dataclass(frozen=True)
-class Grammar:
+class Grammar(msgspec.Struct, frozen=True):
     name: str
     pattern: re.Pattern
     phase_map: dict | None = None
@@ -301,8 +300,7 @@ def assign_steps(trace: Trace, steps: pd.DataFrame, launches: pd.DataFrame) -> n
 FINDINGS = ()
 
 
-@dataclass(frozen=True)
-class StepSplit:
+class StepSplit(msgspec.Struct, frozen=True):
     """The step table and its containers, with the quality notes the split raised (how the
     steps were found, phases from shapes, no steps, what the trace runs, an unmatched regex)
     and the trace's kind (:class:`diagnose.analyzers.workload.Workload`)."""

@@ -6,8 +6,8 @@ step phase present on it, and ``unknown`` for activity no step claims.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 import pandas as pd
 from msgspec import UNSET
@@ -136,8 +136,7 @@ def phase_stats(name: str, device: int | None, sub: pd.DataFrame, n_steps: int, 
 
 
 
-@dataclass(frozen=True)
-class CommOverlap:
+class CommOverlap(msgspec.Struct, frozen=True):
     """Communication of one phase against everything else on the device, in ns:
     ``exposed_ns`` with nothing else running, ``hidden_ns`` with other work running (together
     the communication's busy union), and ``behind_ns``: per other category present, the
@@ -146,7 +145,7 @@ class CommOverlap:
 
     exposed_ns: int = 0
     hidden_ns: int = 0
-    behind_ns: dict[str, int] = field(default_factory=dict)
+    behind_ns: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 _COMM = CATEGORIES.index("communication")
@@ -212,8 +211,7 @@ TPOT_FRAGMENTS = ("steps whose window holds part of a forward (quality 'fragment
                   "interval between completions of consecutive whole decode steps")
 
 
-@dataclass(frozen=True)
-class PhaseRows:
+class PhaseRows(msgspec.Struct, frozen=True):
     """The phase rows of every device, the steps that hold part of a forward (the trace-type
     test's and the model-config FLOP coverage's), and the notes (fragment, bandwidth above peak)."""
 
@@ -302,7 +300,7 @@ def _kernel_advice(kernels: pd.DataFrame | None, steps: pd.DataFrame, prep: Atta
             for d in (devs or {}):
                 per_phase[(int(d), str(ph))] = per_phase.get((int(d), str(ph)), 0) + 1
     classes = op_class_table(kernels, peak, weight_roles(inp.spec, inp.tp), per_phase)
-    prec = {k: Precision(**vars(v)) for k, v in precision_summaries(kernels, peak).items()}
+    prec = {k: Precision(**msgspec.structs.asdict(v)) for k, v in precision_summaries(kernels, peak).items()}
     return classes, prec
 
 

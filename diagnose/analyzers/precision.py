@@ -36,7 +36,6 @@ from __future__ import annotations
 from diagnose.analyzers.base import declared
 
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -151,8 +150,7 @@ def row_peaks(dtype: np.ndarray, peak: GpuPeak | None) -> np.ndarray:
 # ----------------------------------------------------------------------------- the lever
 
 
-@dataclass(frozen=True)
-class PrecisionSummary:
+class PrecisionSummary(msgspec.Struct, frozen=True):
     """fp32 matrix work without tensor cores in one phase on one device.
 
     Attributes:

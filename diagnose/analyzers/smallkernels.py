@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from diagnose.analyzers.base import declared
 
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -36,8 +36,7 @@ NOTABLE_OWN_SHARE = 0.15
 FINDINGS = declared("smallkernels")
 
 
-@dataclass(frozen=True)
-class SmallKernelTax:
+class SmallKernelTax(msgspec.Struct, frozen=True):
     """Small kernels of the steps' own work in one phase on one device.
 
     Attributes:

@@ -42,8 +42,8 @@ next step's first copies on another stream breaks the exact period.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 BREAK_RATIO = 4.0
@@ -66,8 +66,7 @@ CONV_KERNEL = re.compile(r"convolution|conv2d|_conv_|fprop|dgrad|wgrad|winograd|
                          r"nchwToNhwc|scudnn|miopen.*conv|igemm", re.I)
 
 
-@dataclass(frozen=True)
-class Burst:
+class Burst(msgspec.Struct, frozen=True):
     """One burst of GPU work: activity positions [lo, hi) in the detector's sorted input."""
 
     lo: int
@@ -75,15 +74,14 @@ class Burst:
     partial: bool = False
 
 
-@dataclass(frozen=True)
-class Structure:
+class Structure(msgspec.Struct, frozen=True):
     """What :func:`detect` found: the bursts (steps and partial ones), the crumbs dropped and
     how (``method``: gaps | period | window | none; ``note``: the level or period used)."""
 
     bursts: tuple[Burst, ...] = ()
     method: str = "none"
     note: str = ""
-    crumbs: tuple[Burst, ...] = field(default_factory=tuple)
+    crumbs: tuple[Burst, ...] = msgspec.field(default_factory=tuple)
 
     @property
     def steps(self) -> tuple[Burst, ...]:

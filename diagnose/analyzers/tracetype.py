@@ -23,8 +23,8 @@ fragments, cold first iterations and heavy Python tracing.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -159,8 +159,7 @@ def _fragment(trace: Trace, steps: pd.DataFrame, g: pd.DataFrame, notes: Notes) 
     return tuple(frag)
 
 
-@dataclass(frozen=True)
-class TraceType:
+class TraceType(msgspec.Struct, frozen=True):
     """What the trace is (module docstring): the quality notes, and the steps that hold part of
     a forward (judged from shapes, without a model config)."""
 

@@ -25,7 +25,7 @@ CPU range (CPU-only runs).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -173,8 +173,7 @@ def outside_waits_ns(steps: pd.DataFrame, t0: int) -> tuple[np.ndarray, np.ndarr
     return (np.array([a for a, _ in iv], dtype=np.int64), np.array([b for _, b in iv], dtype=np.int64))
 
 
-@dataclass(frozen=True)
-class StepWaits:
+class StepWaits(msgspec.Struct, frozen=True):
     """The step table with each step's span, busy and own time, waits and idle by cause
     (columns gpu_span_ms, gpu_busy_ms, own_ns, waits, idle_by_cause_ms, graph_step), the host
     causes the gaps were read from, each device's activities and gaps, and the trace start

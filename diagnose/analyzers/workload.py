@@ -26,8 +26,8 @@ forward with causal attention, keeps its shape-based reading).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -53,8 +53,7 @@ KV_CACHE_KERNEL = re.compile(r"reshape_and_cache|store_kvcache|set_kv_buffer|con
 SAMPLER_FRAME = re.compile(r"(?:^|/)sampler\.py\(\d+\): |/sampling/|/v1/sample/")
 
 
-@dataclass(frozen=True)
-class Evidence:
+class Evidence(msgspec.Struct, frozen=True):
     """Counts of what the trace shows (module docstring); ``conv_ms``/``gemm_ms`` kernel time."""
 
     backward_ops: int = 0
@@ -81,8 +80,7 @@ class Evidence:
         return bool(self.kv_cache_kernels or self.sampler or self.causal_attention)
 
 
-@dataclass(frozen=True)
-class Workload:
+class Workload(msgspec.Struct, frozen=True):
     """The trace's kind: a quality ``code`` of :data:`diagnose.vocab.NON_LLM_TRACE_TYPES` and
     its message, or None (LLM serving, or nothing to say)."""
 
