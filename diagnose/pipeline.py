@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 import os
 import sys
-from dataclasses import dataclass
 from typing import Any, Mapping
+
+import msgspec
 
 from diagnose.analyzers import Analysis, analyze
 from diagnose.options import AnalysisOptions
@@ -102,8 +103,7 @@ def report_devices(report) -> list[int | None]:
     return devs or [None]
 
 
-@dataclass
-class DeviceRun:
+class DeviceRun(msgspec.Struct):
     """The rules evaluated on one device: its findings, labels and verdicts."""
 
     device: int | None

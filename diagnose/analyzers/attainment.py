@@ -29,7 +29,6 @@ Sources of each input (the report lists the ones that were missing in ``attainme
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import msgspec
 import numpy as np
@@ -190,8 +189,7 @@ def _distinct_costs(names, cols, pos, moe_per_token, seqs) -> tuple[np.ndarray, 
     return kinds, flops, nbytes
 
 
-@dataclass
-class AttainmentInputs:
+class AttainmentInputs(msgspec.Struct):
     """What attainment needs besides the trace. Flags win over trace metadata."""
 
     spec: ModelSpec | None = None
@@ -205,7 +203,7 @@ class AttainmentInputs:
     context: int | None = None
     prompt_len: int | None = None
     lm_head: str = "last"
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = msgspec.field(default_factory=list)
 
 
 def _step_cost(spec: ModelSpec, inp: AttainmentInputs, phase: str, batch, tokens, kv_tokens, seqs: accounting.SeqSums | None = None,

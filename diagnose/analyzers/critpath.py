@@ -31,9 +31,9 @@ sync returns (README "Critical path").
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import cached_property
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -51,8 +51,7 @@ TOP_SEGMENTS = 10
 TOP_FRAMES = 5
 
 
-@dataclass
-class Path:
+class Path(msgspec.Struct, dict=True):
     """One critical path: segments in time order (arrays, absolute ns) and where it starts.
 
     Attributes:
@@ -123,12 +122,11 @@ class Path:
         return int(self.dur[w].sum())
 
 
-@dataclass
-class Paths:
+class Paths(msgspec.Struct):
     """The critical paths of an analysis: one per step with GPU work (``steps``: step row ->
     :class:`Path`), or one for the whole window when the trace has no steps (``window``)."""
 
-    steps: dict[int, Path] = field(default_factory=dict)
+    steps: dict[int, Path] = msgspec.field(default_factory=dict)
     window: Path | None = None
     graph: D.DepGraph | None = None
 

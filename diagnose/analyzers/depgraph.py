@@ -40,9 +40,9 @@ measurement.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -70,8 +70,7 @@ BIND_NONE, BIND_STREAM, BIND_WAIT, BIND_LAUNCH = -1, 0, 1, 2
 _NEG = np.int64(-(2**62))
 
 
-@dataclass
-class DepGraph:
+class DepGraph(msgspec.Struct):
     """The arrays of the graph (module docstring). Activity arrays are in (start, end) order;
     ``row`` maps them back to the activity table; ``rt_*`` are aligned with ``trace.runtime``.
 
@@ -120,7 +119,7 @@ class DepGraph:
     prev_key: np.ndarray
     prev_cummax: np.ndarray
     trace: Any = None
-    cache: dict = field(default_factory=dict)  # per-thread host indexes (hostpath), built on demand
+    cache: dict = msgspec.field(default_factory=dict)  # per-thread host indexes (hostpath), built on demand
 
     @property
     def n(self) -> int:

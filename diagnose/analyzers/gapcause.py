@@ -30,8 +30,8 @@ or to pageable memory is ``host_blocked``: the host could not run ahead of the G
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -59,8 +59,7 @@ _TIE_RANK = np.array([HOST_CAUSES.index(c) if c in HOST_CAUSES else len(HOST_CAU
 _WAIT_CALL = re.compile(r"StreamWaitEvent|StreamWaitValue|WaitExternalSemaphore", re.I)
 
 
-@dataclass
-class DeviceActs:
+class DeviceActs(msgspec.Struct):
     """One device's activities sorted by (start, end), with their launch columns (ns)."""
 
     start: np.ndarray
@@ -107,15 +106,14 @@ class DeviceActs:
 
     def take(self, lo: int, hi: int) -> "DeviceActs":
         """Rows lo..hi-1."""
-        return DeviceActs(*(getattr(self, f)[lo:hi] for f in self.__dataclass_fields__))
+        return DeviceActs(*(getattr(self, f)[lo:hi] for f in self.__struct_fields__))
 
     def subset(self, m: np.ndarray) -> "DeviceActs":
         """The rows where ``m`` holds (still sorted)."""
-        return DeviceActs(*(getattr(self, f)[m] for f in self.__dataclass_fields__))
+        return DeviceActs(*(getattr(self, f)[m] for f in self.__struct_fields__))
 
 
-@dataclass
-class Gaps:
+class Gaps(msgspec.Struct):
     """One row per idle gap. Arrays aligned: start/end ns, kind (GAP_KINDS code), cause
     (GAP_CAUSES code), next/prev activity (indexes into the :class:`DeviceActs`), ``parts``
     (ns per cause, n x len(GAP_CAUSES): every piece's attribution), the next activity's

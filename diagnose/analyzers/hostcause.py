@@ -50,9 +50,9 @@ read (:meth:`HostCauses.build` takes those intervals).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from functools import lru_cache
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -155,8 +155,7 @@ def _covered(t: np.ndarray, ua: np.ndarray, ub: np.ndarray) -> np.ndarray:
     return np.where(ok, j, -1)
 
 
-@dataclass
-class _Thread:
+class _Thread(msgspec.Struct):
     """The host events of one thread that overlap the intervals to explain, nested, with each
     event's host cause and the event that names it, and the elementary pieces of time."""
 
@@ -199,24 +198,23 @@ class _Thread:
         return out[::-1]
 
 
-@dataclass
-class HostCauses:
+class HostCauses(msgspec.Struct):
     """What the host was doing, per thread, over the intervals it was built for (and any
     other it is asked about: :meth:`explain` extends a thread when needed)."""
 
     trace: Trace | None = None
-    sources: dict = field(default_factory=dict)
-    threads: dict[int, _Thread] = field(default_factory=dict)
+    sources: dict = msgspec.field(default_factory=dict)
+    threads: dict[int, _Thread] = msgspec.field(default_factory=dict)
     graph_ctx: tuple[np.ndarray, np.ndarray] = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    overhead: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
-    launch_starts: dict[int, np.ndarray] = field(default_factory=dict)
-    blocking: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
-    first_launch_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    overhead: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = msgspec.field(default_factory=dict)
+    launch_starts: dict[int, np.ndarray] = msgspec.field(default_factory=dict)
+    blocking: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = msgspec.field(default_factory=dict)
+    first_launch_rows: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0, dtype=bool))
     acts: pd.DataFrame | None = None
-    _first_call_done: set = field(default_factory=set)
-    first_call_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    _first_call_done: set = msgspec.field(default_factory=set)
+    first_call_rows: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0, dtype=bool))
     _stream_waits: dict | None = None
-    _cache: dict = field(default_factory=dict)
+    _cache: dict = msgspec.field(default_factory=dict)
     warm: bool = False  # the window follows iterations the profiler skipped: no operator is on its first call
 
     @classmethod
@@ -480,8 +478,7 @@ class HostCauses:
         return out
 
 
-@dataclass
-class Explained:
+class Explained(msgspec.Struct):
     """Host causes of intervals: ``parts`` (n x len(HOST_CAUSES) ns), and ``named``: per
     interval ``q`` and host cause id ``c``, the ``name`` of the event holding most (``ns``) of
     that cause's time in it."""

@@ -33,9 +33,9 @@ The same cause timeline gives the what-if's removable host time
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 
+import msgspec
 import numpy as np
 
 from diagnose.analyzers.nesting import lexsort, sorted_unique
@@ -94,8 +94,7 @@ def path_causes() -> tuple[str, ...]:
     return tuple(c for c in HOST_CAUSES if c in named)
 
 
-@dataclass
-class CauseTimeline:
+class CauseTimeline(msgspec.Struct):
     """A thread's host time as disjoint pieces [start, end) with a cause; time outside
     every piece has :data:`DEFAULT_CAUSE`."""
 
@@ -284,8 +283,7 @@ def cause_timeline(graph, tid: int) -> CauseTimeline:
     return tl
 
 
-@dataclass
-class HostPieces:
+class HostPieces(msgspec.Struct):
     """Pieces of host stretches, one row per piece, sorted by (stretch, start): arrays of
     equal length (absolute ns for times; codes into small tables for the text, which
     :meth:`text_at` and the properties turn into object arrays of str).

@@ -51,7 +51,6 @@ import dataclasses
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -459,8 +458,7 @@ def _frame(data: dict, korigin: np.ndarray, cap_stats: dict | None, source_forma
     return out
 
 
-@dataclass
-class _OpLinks:
+class _OpLinks(msgspec.Struct):
     """Per GPU activity: the source row of its operator (``src``, -1 none), its op call
     (``inst``) and the origin code; the operator sources; capture statistics."""
 

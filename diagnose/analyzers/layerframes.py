@@ -30,8 +30,8 @@ thread are layer *i*; the forward is the step; op classes by position
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -63,8 +63,7 @@ _HEAD_MOD = re.compile(r"lm_?head|logits", re.I)
 LAYER_RANGE = re.compile(r"(?:^|[^a-z])(?:decoder_?)?(?:layers?|blocks?|h)[._\s#-]?(\d{1,4})(?![\d])", re.I)
 
 
-@dataclass
-class FrameTree:
+class FrameTree(msgspec.Struct):
     """Frames as a tree: class name, parent (-1 root) and an order key (start time, or the
     first kernel's position for capture paths) per frame."""
 
@@ -76,8 +75,7 @@ class FrameTree:
         return len(self.cls)
 
 
-@dataclass
-class FrameLayers:
+class FrameLayers(msgspec.Struct):
     """Per kernel (aligned with the kernel arrays given): ``forward`` (an id, -1 outside every
     forward), ``layer`` (-1 pre/outside, 0.. layer index), ``part`` (0 outside, 1 pre, 2 layer,
     3 post), ``op_class`` (:data:`~diagnose.analyzers.layerseg.OP_CLASSES` code); and the layer

@@ -30,7 +30,6 @@ layers, else the attention kernels' names) and the layers at 2x or more of their
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import msgspec
 import numpy as np
@@ -49,8 +48,7 @@ PARTS = ("outside", "pre", "layer", "post")
 _EMBED_NAME = ("embedding", "index_select", "indexselect", "gather")
 
 
-@dataclass
-class Assignment:
+class Assignment(msgspec.Struct):
     """Per kernel (aligned with :class:`Kernels`): forward id (-1 none), part (:data:`PARTS`
     code), layer index (-1 none), op class code, and per forward its source, layer class and
     structural checks."""
@@ -59,15 +57,14 @@ class Assignment:
     part: np.ndarray
     layer: np.ndarray
     op: np.ndarray
-    info: dict[int, dict] = field(default_factory=dict)
+    info: dict[int, dict] = msgspec.field(default_factory=dict)
 
     @classmethod
     def empty(cls, n: int) -> "Assignment":
         return cls(np.full(n, -1, np.int64), np.zeros(n, np.int8), np.full(n, -1, np.int64), np.full(n, LS.OTHER_C, np.int8))
 
 
-@dataclass
-class Kernels:
+class Kernels(msgspec.Struct):
     """The kernels of the activity table, in its order (device, GPU start)."""
 
     pos: np.ndarray  # positions in the activity table

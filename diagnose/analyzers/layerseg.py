@@ -41,8 +41,8 @@ experts, activation, down projection), ``communication`` collective kernels anyw
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 ROLES = ("attn", "gemm", "norm", "comm", "other")
@@ -110,8 +110,7 @@ def roles_from_ops(ops: np.ndarray, fallback: np.ndarray) -> np.ndarray:
     return out
 
 
-@dataclass
-class Segmentation:
+class Segmentation(msgspec.Struct):
     """The layers of one kernel sequence.
 
     Attributes:
@@ -136,7 +135,7 @@ class Segmentation:
     period: int | None = None
     period_rate: float | None = None
     template_match: int = 0
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = msgspec.field(default_factory=list)
 
     @property
     def n_layers(self) -> int:

@@ -19,8 +19,8 @@ Definitions (stated in the README, "Definitions"):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from diagnose.analyzers.base import declared
@@ -74,8 +74,7 @@ def union_by_group_ns(start_ns: np.ndarray, end_ns: np.ndarray, group: np.ndarra
     return out
 
 
-@dataclass
-class GapStats:
+class GapStats(msgspec.Struct):
     """Idle gaps of one device/phase. Times in ns; shares are fractions of ``window_ns``.
 
     ``gap_start``/``gap_end``/``gap_kind`` (GAP_KINDS codes)/``gap_next`` describe every gap,
@@ -85,15 +84,15 @@ class GapStats:
 
     window_ns: int = 0
     busy_ns: int = 0
-    gap_ns_by_kind: dict[str, int] = field(default_factory=lambda: {k: 0 for k in GAP_KINDS})
-    gap_count_by_kind: dict[str, int] = field(default_factory=lambda: {k: 0 for k in GAP_KINDS})
-    launch_gaps_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    all_gaps_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    order: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    gap_start: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    gap_end: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    gap_kind: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))
-    gap_next: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    gap_ns_by_kind: dict[str, int] = msgspec.field(default_factory=lambda: {k: 0 for k in GAP_KINDS})
+    gap_count_by_kind: dict[str, int] = msgspec.field(default_factory=lambda: {k: 0 for k in GAP_KINDS})
+    launch_gaps_ns: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    all_gaps_ns: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    order: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    gap_start: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    gap_end: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    gap_kind: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0, dtype=np.int8))
+    gap_next: np.ndarray = msgspec.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def idle_share(self) -> float | None:

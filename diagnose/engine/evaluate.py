@@ -2,8 +2,9 @@
 evaluated for lack of inputs (never silently passing)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import msgspec
 
 from diagnose.engine.condition import eval_condition, eval_expression, mangle
 from diagnose.engine.rule import (SHARE_DENOMINATORS, SHARE_FIELD, Number, Rule, apply_overrides, render_template,
@@ -11,8 +12,7 @@ from diagnose.engine.rule import (SHARE_DENOMINATORS, SHARE_FIELD, Number, Rule,
 from diagnose.vocab import LEVERS, QUALITY_CODES, SEVERITY_RANK, STEP_PHASES
 
 
-@dataclass
-class Verdicts:
+class Verdicts(msgspec.Struct):
     """Result of :func:`evaluate`.
 
     Attributes:
@@ -24,9 +24,9 @@ class Verdicts:
             scope, summary, evidence}.
     """
 
-    symptoms: list[dict[str, Any]] = field(default_factory=list)
-    not_evaluated: list[dict[str, Any]] = field(default_factory=list)
-    passed: list[dict[str, Any]] = field(default_factory=list)
+    symptoms: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    not_evaluated: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    passed: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
     @property
     def fired_ids(self) -> list[str]:
