@@ -47,6 +47,25 @@ def test_parents_equal_the_stack_walks(seed: int) -> None:
             assert prev_exceeding(e[o], s[o], strict=False, group=tid[o]).tolist() == want.tolist()
 
 
+@pytest.mark.parametrize("rounds", [0, 1, 3, 64])
+def test_parents_walked_back_then_searched_equal_the_stack_walk(rounds: int, monkeypatch) -> None:
+    """Thresholds in order (host events' starts) are answered by walking back
+    (``nesting._walk_parents``) for ``WALK_ROUNDS`` rounds, the rest by the block search:
+    the stack walk's parents whatever the split, on random, deeply nested and flat events."""
+    import diagnose.analyzers.nesting as nesting
+
+    monkeypatch.setattr(nesting, "WALK_ROUNDS", rounds)
+    rng = np.random.default_rng(11)
+    sets = [_intervals(rng, n, spread) for n in (2, 40, 500) for spread in (3, 60, 5000)]
+    k = np.arange(300, dtype=np.int64)
+    sets.append((k, 1000 - k))  # one chain: each inside the previous
+    sets.append((np.concatenate(([0], 10 + 3 * k)), np.concatenate(([10**6], 11 + 3 * k))))  # one wide parent, flat children
+    for s, e in sets:
+        sl, el = s.tolist(), e.tolist()
+        assert prev_exceeding(e, s).tolist() == _walk(sl, el, lambda t, i: el[t] <= sl[i]).tolist()
+        assert prev_exceeding(e, s, strict=False).tolist() == _walk(sl, el, lambda t, i: el[t] < sl[i]).tolist()
+
+
 def test_parents_of_far_timestamps() -> None:
     """Times of a long trace in epoch ns (keys that overflow the flattened search: ranks)."""
     rng = np.random.default_rng(7)
