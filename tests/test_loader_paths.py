@@ -157,6 +157,12 @@ def test_shared_corpus_has_every_listed_kineto_file():
     assert "hta/trace_diff/control.json.gz" in files
 
 
+def _children(n_workers: int) -> int:
+    """Children forked for ``n_workers``: none for one; on two, one child and the parent
+    (``kineto._forked``); else one per worker."""
+    return 0 if n_workers <= 1 else 1 if n_workers == 2 else n_workers
+
+
 @pytest.mark.parametrize("path", _shared_params())
 def test_shared_trace_all_paths_equal(path, monkeypatch, fork_allowed):
     default = _default_or_skip(path)
@@ -176,7 +182,7 @@ def test_shared_trace_all_paths_equal(path, monkeypatch, fork_allowed):
     assert len(tried) == 2
     assert tried[0] == tried[1]  # both runs took the chunked path, or both gave up
     assert n_slices[0] == n_slices[1] >= (size - 2 * MiB) // (2 * MiB)
-    assert len(forks) == (min(3, n_slices[1]) if n_slices[1] > 1 else 0)
+    assert len(forks) == _children(min(3, n_slices[1]))
 
     # (c) lenient _Event schema only, whole-document path and chunked path
     monkeypatch.setattr(loader, "CHUNKED_MIN_BYTES", 64 * MiB)
@@ -243,14 +249,52 @@ def test_started_decode_is_the_load(monkeypatch, fork_allowed):
     monkeypatch.setattr(loader, "CHUNKED_MIN_BYTES", MiB)
     monkeypatch.setenv("DIAGNOSE_WORKERS", "2")
     forks = _spy(monkeypatch, "_fork_decode", lambda a, r: a[1])
+    parent = _spy(monkeypatch, "_decode_slices", lambda a, r: (a[1], r.n_slices))
     started = loader.start_decode(buf)
-    assert started is not None and len(forks) == 2  # forked at once, before the load
+    assert started is not None and len(forks) == 1  # forked at once, before the load
     trace = loader.load_kineto(path, buf=buf, started=started)
-    assert len(forks) == 2  # the load forked no more
+    assert len(forks) == 1  # the load forked no more
     assert_same(default, trace)
     assert started.buf is None  # handed over: the document is not kept alive by it
-    # the two shares cover every slice once, in order
-    assert [s for share in forks for s in share] == loader._Plan(buf).slices
+    # two CPUs: the child was given every slice; this process decoded the end of them itself
+    slices = loader._Plan(buf).slices
+    assert forks == [slices] and len(parent) == 1
+    tail, n_tail = parent[0]
+    assert 1 <= n_tail == len(tail) <= len(slices) // 2 and tail == slices[len(slices) - n_tail:]
+
+
+@pytest.mark.parametrize("child", ["ok", "late", "fails"])
+def test_parent_decoding_the_tail_never_repeats_a_slice(child, monkeypatch, fork_allowed):
+    """Two workers: one child decodes the slices from the start, this process takes the later
+    half of what the child has not reached and the child stops there. A child that read the
+    bound late (it decoded slices the parent took) or one that failed still gives every slice
+    once, in order (the parent redoes what is past the child, or what the child did not send)."""
+    path = str(shared_trace("hta/trace_diff/control.json.gz"))
+    default = loader.load_kineto(path)
+    buf, _ = read_bytes_partial(path)
+    monkeypatch.setattr(loader, "CHUNK_BYTES", 4 * MiB)
+    if child != "ok":
+        real = loader._fork_decode
+
+        def fork(src, slices, base_ns, done, slot, bound_slot=None):
+            if child == "fails":
+                slices = [(slices[0][0], slices[0][0] + 10)]  # not a list of events: the child exits 1
+            return real(src, slices, base_ns, done, slot, None)  # "late": the bound never read
+
+        monkeypatch.setattr(loader, "_fork_decode", fork)
+    parent = _spy(monkeypatch, "_decode_slices", lambda a, r: (len(a[1]), r.n_slices))
+    trace = loader._load_chunked(path, buf, workers=2)
+    assert_same(default, trace)
+    n = len(loader._Plan(buf).slices)
+    assert n == 9
+    t = parent[0][0]  # the tail: half of what the child had not started when the parent looked
+    assert 1 <= t <= n // 2 and parent[0] == (t, t)
+    if child == "ok":  # the child stopped where the parent's part begins
+        assert parent == [(t, t)]
+    elif child == "late":  # the parent's slices dropped: the child had done all of them
+        assert parent == [(t, t), (0, 0)]
+    else:  # the child's slices decoded here after the parent's
+        assert parent == [(t, t), (n - t, n - t)]
 
 
 @pytest.mark.parametrize("case", ["small", "cut", "list", "one_worker"])

@@ -162,7 +162,7 @@ def test_large_file_workers_fork_before_pandas_imports():
             "K.CHUNKED_MIN_BYTES = K.CHUNK_BYTES = 1 << 20\n"
             "seen = []\n"
             "init = K._Forked.__init__\n"
-            "def spy(self, *a):\n    seen.append('pandas' in sys.modules)\n    init(self, *a)\n"
+            "def spy(self, *a, **k):\n    seen.append('pandas' in sys.modules)\n    init(self, *a, **k)\n"
             "K._Forked.__init__ = spy\n"
             "from diagnose.cli import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"

@@ -544,6 +544,7 @@ class _Columns:
         self.pyfunc_by_rank: dict[str, list[int]] = {}  # rank label -> [count, ns] (merged files)
         self.be: list[tuple] = []
         self.labelled = False  # a rank label was seen: look at every pid from now on
+        self.n_slices = 0  # slices decoded into these columns (kineto._decode_slices)
 
     def add(self, events: list, strict: bool = False, count: bool = True) -> None:
         """Add decoded events: ``strict`` for :data:`_StrictEvent` lists, else :class:`_Event`."""
