@@ -6,8 +6,10 @@ first) order: pop the stack while its top no longer covers the event, the parent
 That walk costs one Python step per event (half a million events on a large trace). The
 stack walk's answer has a closed form (proof in :func:`prev_exceeding`): the parent of event
 ``i`` is the latest earlier event ``j`` whose end passes the test against ``i``. That is a
-"previous element above a threshold" query, answered here for all events at once over a
-power-of-two block decomposition, ``log2(n)`` vectorized passes.
+"previous element above a threshold" query, answered here for all events at once: where the
+thresholds are in order (events' starts), by walking back in vectorized rounds (most parents
+are a few events back), and otherwise (or for what is left) over a power-of-two block
+decomposition, ``log2(n)`` vectorized passes.
 """
 from __future__ import annotations
 
