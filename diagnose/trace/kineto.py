@@ -373,9 +373,10 @@ def _decode_slices(src: memoryview, slices: list[tuple[int, int]], base_ns: int,
 
 
 def workers_default() -> int:
-    """Processes for one large Kineto file: the CPUs this process may use, at most 4, on Linux
-    in a single-threaded process (forking while other threads run could copy a lock they
-    hold); else 1. ``DIAGNOSE_WORKERS`` sets the count (at most the CPU count), not the
+    """Processes decoding one large Kineto file: the CPUs this process may use, at most 4, on
+    Linux in a single-threaded process (forking while other threads run could copy a lock they
+    hold); else 1. On 2, one forked child and this process (:func:`_forked`); on 3 or 4, that
+    many children. ``DIAGNOSE_WORKERS`` sets the count (at most the CPU count), not the
     single-thread rule."""
     if not sys.platform.startswith("linux") or not hasattr(os, "fork") or threading.active_count() > 1:
         return 1
