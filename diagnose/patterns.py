@@ -130,8 +130,10 @@ def ascii_folded(rx: re.Pattern) -> Callable[[str], bool]:
     return lambda text: (search(text.lower()) if text.isascii() else slow(text)) is not None
 
 
+@lru_cache(maxsize=256)
 def _lower_twin(rx: re.Pattern) -> re.Pattern | None:
-    """The case-sensitive twin of ``rx`` (:func:`ascii_folded`), None where it is not exact."""
+    """The case-sensitive twin of ``rx`` (:func:`ascii_folded`), None where it is not exact;
+    built once per pattern (each analysis, each rank of a multi-trace run, asks again)."""
     pattern = rx.pattern
     if not isinstance(pattern, str) or not pattern.isascii():
         return None
